@@ -1,0 +1,3 @@
+from control.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of ``specctl``; each module has ``register(subparsers)``."""

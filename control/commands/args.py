@@ -1,0 +1,68 @@
+"""Argument types that reject bad values with a message naming the value and what is accepted."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from control.policy.spec import MAX_K_LIMIT
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be an integer >= 1")
+    return v
+
+
+def port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port {text!r} is not an integer in 1..65535") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"port {v} must be in 1..65535")
+    return v
+
+
+def k_value(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer draft length in 0..{MAX_K_LIMIT}") from None
+    if not 0 <= v <= MAX_K_LIMIT:
+        raise argparse.ArgumentTypeError(f"draft length {v} must be in 0..{MAX_K_LIMIT}")
+    return v
+
+
+def acceptance(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"acceptance {text!r} is not a number in [0, 1)") from None
+    if not (math.isfinite(v) and 0.0 <= v < 1.0):
+        raise argparse.ArgumentTypeError(f"acceptance {text} must be in [0, 1)")
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number > 0")
+    return v
+
+
+def quantile(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"quantile {text!r} is not a number in [0.5, 1)") from None
+    if not (0.5 <= v < 1.0):
+        raise argparse.ArgumentTypeError(f"quantile {text} must be in [0.5, 1)")
+    return v

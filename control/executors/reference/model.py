@@ -1,0 +1,350 @@
+"""A Llama-architecture decoder in one file: RMSNorm, RoPE (theta and llama3/linear scaling), GQA,
+SwiGLU, tied or untied embeddings; Hugging Face parameter names so checkpoints load as they are.
+
+Two forward paths:
+- ``forward_train(tokens)``: a dense (B, T) causal pass without a cache, for training.
+- ``forward(batch, cache)``: packed variable-length decoding over a slot-indexed KV cache. Tokens of
+  all requests are concatenated (no padding), so every matmul runs once over all of them; attention
+  runs per request over that request's cache rows (a view, no gather copy). A request contributes
+  ``length`` new tokens at positions start .. start + length - 1 (a prefill chunk, one decode token,
+  or k + 1 verification tokens); their K/V are written to the cache and each new token attends to
+  the cache up to and including itself.
+
+The cache only stores tensors; which rows are valid (the request's length) is the caller's
+business, so rolling back rejected draft tokens is just lowering that length.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from control.errors import ConfigError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    architectures: list[str] = field(default_factory=lambda: ["LlamaForCausalLM"])
+    model_type: str = "llama"
+    torch_dtype: str = "float32"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "config.json") -> LlamaConfig:
+        arch = d.get("architectures") or [d.get("model_type", "?")]
+        if not any(a in SUPPORTED_ARCHITECTURES for a in arch) or d.get("model_type", "llama") != "llama":
+            raise ConfigError(
+                f"{where}: architecture {arch} (model_type {d.get('model_type')!r}) is not supported; "
+                f"the reference executor runs {', '.join(SUPPORTED_ARCHITECTURES)} checkpoints"
+            )
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ConfigError(f"{where}: missing {', '.join(missing)}")
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        if isinstance(kw.get("eos_token_id"), list):
+            kw["eos_token_id"] = kw["eos_token_id"][0]
+        cfg = cls(**kw)
+        if cfg.hidden_size % cfg.num_attention_heads:
+            raise ConfigError(f"{where}: hidden_size {cfg.hidden_size} is not divisible by num_attention_heads {cfg.num_attention_heads}")
+        if cfg.num_attention_heads % cfg.num_key_value_heads:
+            raise ConfigError(
+                f"{where}: num_attention_heads {cfg.num_attention_heads} is not a multiple of num_key_value_heads {cfg.num_key_value_heads}"
+            )
+        rs = cfg.rope_scaling
+        if rs is not None:
+            kind = rs.get("rope_type", rs.get("type"))
+            if kind not in ("llama3", "linear", "default"):
+                raise ConfigError(f"{where}: rope_scaling type {kind!r} is not supported (supported: llama3, linear)")
+        return cfg
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """Inverse frequencies with the config's theta and scaling (HF's llama3 and linear rules)."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = cfg.rope_scaling
+    if not rs:
+        return inv
+    kind = rs.get("rope_type", rs.get("type"))
+    factor = float(rs.get("factor", 1.0))
+    if kind == "linear":
+        return inv / factor
+    if kind == "llama3":
+        low = float(rs.get("low_freq_factor", 1.0))
+        high = float(rs.get("high_freq_factor", 4.0))
+        old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+        low_wavelen = old_ctx / low
+        high_wavelen = old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(is_mid, mid, scaled)
+    return inv
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (N, H, D) with rotate-half layout (HF's); cos/sin: (N, D/2)."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+@dataclass
+class Segment:
+    """One request's new tokens in a packed batch: cache slot, first position, token count."""
+
+    slot: int
+    start: int
+    length: int
+
+
+class KVCache:
+    """Per-layer K and V tensors of shape (slots, kv_heads, max_len, head_dim). Storage only."""
+
+    def __init__(self, cfg: LlamaConfig, slots: int, max_len: int, device="cpu", dtype=torch.float32) -> None:
+        shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.slots = slots
+        self.max_len = max_len
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.h, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+
+    def _qkv(self, x, cos, sin):
+        n = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(n, self.h, self.d), cos, sin)
+        k = apply_rope(self.k_proj(x).view(n, self.hkv, self.d), cos, sin)
+        v = self.v_proj(x).view(n, self.hkv, self.d)
+        return q, k, v
+
+    def forward_train(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x.reshape(B * T, -1), cos.repeat(B, 1), sin.repeat(B, 1))
+        q = q.view(B, T, self.h, self.d).transpose(1, 2)
+        k = k.view(B, T, self.hkv, self.d).transpose(1, 2)
+        v = v.view(B, T, self.hkv, self.d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.hkv != self.h)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x, cos, sin, segments: list[Segment], kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x, cos, sin)
+        out = torch.empty_like(q)
+        off = 0
+        for seg in segments:
+            t = seg.length
+            end = seg.start + t
+            kc[seg.slot, :, seg.start:end] = k[off:off + t].transpose(0, 1)
+            vc[seg.slot, :, seg.start:end] = v[off:off + t].transpose(0, 1)
+            qs = q[off:off + t].transpose(0, 1)  # (H, t, D)
+            ks = kc[seg.slot, :, :end]
+            vs = vc[seg.slot, :, :end]
+            if t == 1:
+                o = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=self.hkv != self.h)
+            else:
+                qpos = torch.arange(seg.start, end, device=x.device)[:, None]
+                mask = torch.arange(end, device=x.device)[None, :] <= qpos
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=self.hkv != self.h)
+            out[off:off + t] = o.transpose(0, 1)
+            off += t
+        return self.o_proj(out.reshape(x.shape[0], -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        inv = rope_inv_freq(cfg)
+        self.register_buffer("inv_freq", inv.float(), persistent=False)
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _rope(self, positions: torch.Tensor):
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        if self._rope_cache is None or self._rope_cache[0].shape[0] < need or self._rope_cache[0].device != positions.device:
+            n = max(need, self.config.max_position_embeddings, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 0))
+            t = torch.arange(n, device=positions.device, dtype=torch.float64)
+            freqs = torch.outer(t, self.inv_freq.to(positions.device, torch.float64))
+            dtype = self.lm_head.weight.dtype
+            self._rope_cache = (freqs.cos().to(dtype), freqs.sin().to(dtype))
+        cos, sin = self._rope_cache
+        return cos[positions], sin[positions]
+
+    def num_parameters(self) -> int:
+        seen, total = set(), 0
+        for p in self.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        return total
+
+    def forward_train(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) of a dense causal pass; no cache."""
+        B, T = tokens.shape
+        cos, sin = self._rope(torch.arange(T, device=tokens.device))
+        h = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            h = h + layer.self_attn.forward_train(layer.input_layernorm(h), cos, sin)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.lm_head(self.model.norm(h))
+
+    def forward(self, input_ids: torch.Tensor, segments: list[Segment], cache: KVCache,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """Packed decoding pass. ``input_ids``: (N,) tokens of all segments concatenated.
+
+        Returns logits (N, vocab), or only at the packed indices ``logits_at`` (saves the vocab
+        projection for prefill tokens whose logits nobody needs).
+        """
+        positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(input_ids.device)
+        for s in segments:
+            if s.start + s.length > cache.max_len:
+                raise ConfigError(f"sequence of {s.start + s.length} tokens exceeds the KV cache's {cache.max_len} positions")
+        cos, sin = self._rope(positions)
+        h = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i])
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self.model.norm(h)
+        if logits_at is not None:
+            h = h[logits_at]
+        return self.lm_head(h)
+
+
+def save_pretrained(model: LlamaForCausalLM, out_dir: str | Path, extra_config: dict | None = None) -> Path:
+    """Write config.json and model.safetensors in Hugging Face layout."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    cfg.update(extra_config or {})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def load_pretrained(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None) -> LlamaForCausalLM:
+    """Load a Hugging Face layout checkpoint (config.json + *.safetensors, sharded or not)."""
+    from safetensors.torch import load_file
+
+    d = Path(model_dir)
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise ConfigError(f"'{d}' has no config.json; expected a Hugging Face model directory (config.json, *.safetensors)")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    cfg = LlamaConfig.from_dict(raw, where=str(cfg_path))
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"'{d}' has no *.safetensors weights (only safetensors checkpoints are supported)")
+    if dtype is None:
+        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f), device="cpu"))
+    if cfg.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    expected = set(model.state_dict().keys())
+    missing = sorted(expected - set(state))
+    unexpected = sorted(k for k in set(state) - expected if not k.endswith("rotary_emb.inv_freq"))
+    if missing or unexpected:
+        raise ConfigError(
+            f"'{d}': weights do not match a {cfg.num_hidden_layers}-layer Llama "
+            f"(missing: {missing[:3]}{'...' if len(missing) > 3 else ''}; unexpected: {unexpected[:3]}{'...' if len(unexpected) > 3 else ''})"
+        )
+    model.load_state_dict({k: state[k] for k in expected}, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(cfg).float()
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,148 @@
+"""Forward-pass cost model T_fwd = a * N_ctx + b * N_batched + c (TurboSpec eq. 3, SmartSpec eq. 7).
+
+N_ctx is the number of KV tokens read in the pass (sum of the context lengths), N_batched the
+number of tokens computed in the pass. Times are in milliseconds. ``fit_linear_cost`` fits (a, b, c)
+by non-negative least squares; ``RecursiveCost`` refits online with exponential forgetting so a
+drifting system (thermal throttling, a new context mix) does not leave the model stale.
+
+Observations that aggregate several passes (a draft model's k passes in one step) fit the same
+model with features (sum N_ctx, sum N_batched, passes): the cost is linear in (a, b, c) either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from control.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class LinearCost:
+    """Coefficients of T_fwd in ms, with the fit's quality (R^2, mean absolute % error, residual std)."""
+
+    a: float  # ms per context token read
+    b: float  # ms per batched token computed
+    c: float  # ms per forward pass
+    r2: float = 1.0
+    mape: float = 0.0
+    resid_std_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b", "c", "resid_std_ms"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"cost coefficient {name} = {v!r}: must be a finite number >= 0")
+
+    def predict(self, n_ctx, n_batched, passes=1):
+        """Vectorised: time in ms of ``passes`` passes reading ``n_ctx`` and computing ``n_batched`` tokens."""
+        return self.a * n_ctx + self.b * n_batched + self.c * passes
+
+    def scaled(self, factor: float) -> LinearCost:
+        return LinearCost(self.a * factor, self.b * factor, self.c * factor, self.r2, self.mape, self.resid_std_ms * factor)
+
+
+def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None) -> LinearCost:
+    """Fit (a, b, c) >= 0 by non-negative least squares; report R^2, MAPE and residual std.
+
+    Columns are scaled before the solve so coefficients that differ by orders of magnitude (a is
+    often 1e-6 ms per token, c several ms) are recovered equally well.
+    """
+    n_ctx = np.asarray(n_ctx, dtype=np.float64).ravel()
+    n_batched = np.asarray(n_batched, dtype=np.float64).ravel()
+    t = np.asarray(t_ms, dtype=np.float64).ravel()
+    p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
+    if not (n_ctx.shape == n_batched.shape == t.shape == p.shape):
+        raise ConfigError(
+            f"fit_linear_cost: arrays differ in length (n_ctx {n_ctx.size}, n_batched {n_batched.size}, t_ms {t.size})"
+        )
+    if t.size < 3:
+        raise ConfigError(f"fit_linear_cost: {t.size} timing point(s); need at least 3 to fit a, b and c")
+    if not (np.all(np.isfinite(t)) and np.all(t >= 0)):
+        raise ConfigError("fit_linear_cost: timings must be finite and >= 0 ms")
+    X = np.stack([n_ctx, n_batched, p], axis=1)
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef_scaled, _ = nnls(X / scale, t)
+    coef = coef_scaled / scale
+    pred = X @ coef
+    resid = t - pred
+    ss_res = float(resid @ resid)
+    ss_tot = float(((t - t.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    nz = t > 0
+    mape = float(np.mean(np.abs(resid[nz]) / t[nz]) * 100.0) if nz.any() else 0.0
+    dof = max(t.size - 3, 1)
+    return LinearCost(
+        a=float(coef[0]),
+        b=float(coef[1]),
+        c=float(coef[2]),
+        r2=float(r2),
+        mape=mape,
+        resid_std_ms=float(math.sqrt(ss_res / dof)),
+    )
+
+
+class RecursiveCost:
+    """Online refit of (a, b, c) by recursive least squares with a forgetting factor.
+
+    ``forgetting`` in (0, 1]: 1 never forgets; 0.99 gives an effective memory of about 100
+    observations. Features are normalised by fixed scales taken from the prior so the update is
+    well conditioned. Reported coefficients are clipped at zero (a negative cost is never used).
+    """
+
+    def __init__(self, prior: LinearCost, *, forgetting: float = 0.995, prior_weight: float = 10.0,
+                 ctx_scale: float = 1e4, batched_scale: float = 1e2) -> None:
+        if not (0.0 < forgetting <= 1.0):
+            raise ConfigError(f"forgetting = {forgetting!r}: must be in (0, 1]")
+        self.lam = float(forgetting)
+        self._scale = np.array([ctx_scale, batched_scale, 1.0])
+        self.theta = np.array([prior.a, prior.b, prior.c]) * self._scale
+        # Prior covariance: a prior worth ``prior_weight`` observations of the typical magnitude.
+        self.P = np.eye(3) / max(prior_weight, 1e-9) * max(float(np.abs(self.theta).max()), 1.0) ** 2
+        self.n = 0
+        self._sq_err = 0.0
+        self._abs_pct = 0.0
+        self._prior = prior
+
+    def update(self, n_ctx: float, n_batched: float, t_ms: float, passes: float = 1.0) -> float:
+        """Add one observation; returns the prediction error (measured - predicted) before the update."""
+        x = np.array([n_ctx, n_batched, passes]) / self._scale
+        pred = float(x @ self.theta)
+        err = float(t_ms) - pred
+        Px = self.P @ x
+        g = Px / (self.lam + float(x @ Px))
+        self.theta = self.theta + g * err
+        self.P = (self.P - np.outer(g, Px)) / self.lam
+        # Keep P symmetric and bounded (numerical hygiene under long runs with little excitation).
+        self.P = 0.5 * (self.P + self.P.T)
+        tr = np.trace(self.P)
+        if tr > 1e12:
+            self.P *= 1e12 / tr
+        self.n += 1
+        w = self.lam
+        self._sq_err = w * self._sq_err + (1 - w) * err * err if self.n > 1 else err * err
+        if t_ms > 0:
+            pct = abs(err) / t_ms * 100.0
+            self._abs_pct = w * self._abs_pct + (1 - w) * pct if self.n > 1 else pct
+        return err
+
+    def update_many(self, n_ctx, n_batched, t_ms, passes=None) -> None:
+        n_ctx = np.asarray(n_ctx, dtype=np.float64).ravel()
+        n_batched = np.asarray(n_batched, dtype=np.float64).ravel()
+        t = np.asarray(t_ms, dtype=np.float64).ravel()
+        p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
+        for i in range(t.size):
+            self.update(n_ctx[i], n_batched[i], t[i], p[i])
+
+    @property
+    def cost(self) -> LinearCost:
+        a, b, c = np.maximum(self.theta / self._scale, 0.0)
+        return LinearCost(
+            a=float(a), b=float(b), c=float(c),
+            r2=self._prior.r2, mape=float(self._abs_pct) if self.n else self._prior.mape,
+            resid_std_ms=float(math.sqrt(self._sq_err)) if self.n else self._prior.resid_std_ms,
+        )

@@ -1,0 +1,206 @@
+"""Acceptance estimators: cheap, vectorised, per deployment and per drafter.
+
+"Acceptance rate" here is the per-token conditional acceptance probability alpha of the chain
+model, estimated from chain outcomes by maximum likelihood: every evaluated draft position is a
+Bernoulli trial; a request that drafted k and had m accepted evaluated min(m + 1, k) positions with m
+successes (positions after the first rejection are never tried). accepted / drafted would be biased
+low for long drafts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.errors import ConfigError
+
+
+def chain_trials(verified: np.ndarray, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(successes, trials) per request from chain outcomes."""
+    verified = np.asarray(verified, dtype=np.int64)
+    accepted = np.asarray(accepted, dtype=np.int64)
+    return accepted, np.minimum(accepted + 1, verified)
+
+
+def _check_rate(name: str, v: float) -> float:
+    if not (0.0 <= v < 1.0):
+        raise ConfigError(f"{name} = {v!r}: acceptance must be in [0, 1)")
+    return float(v)
+
+
+class MovingWindow:
+    """Global rate over the last ``window`` steps (SmartSpec's moving average)."""
+
+    def __init__(self, window: int = 64, prior: float = 0.6, prior_trials: float = 4.0) -> None:
+        if window < 1:
+            raise ConfigError(f"window = {window!r}: must be >= 1 step")
+        self._succ = np.zeros(window)
+        self._trials = np.zeros(window)
+        self._i = 0
+        self.prior = _check_rate("prior", prior)
+        self.prior_trials = float(prior_trials)
+
+    def update(self, successes: float, trials: float) -> None:
+        if trials <= 0:
+            return
+        self._succ[self._i] = successes
+        self._trials[self._i] = trials
+        self._i = (self._i + 1) % self._succ.size
+
+    @property
+    def rate(self) -> float:
+        s = self._succ.sum() + self.prior * self.prior_trials
+        t = self._trials.sum() + self.prior_trials
+        return float(min(s / t, 0.999))
+
+    @property
+    def trials(self) -> float:
+        return float(self._trials.sum())
+
+
+class EMA:
+    """Exponential moving average of per-step rates, weighted by trials."""
+
+    def __init__(self, beta: float = 0.9, prior: float = 0.6) -> None:
+        if not (0.0 <= beta < 1.0):
+            raise ConfigError(f"beta = {beta!r}: must be in [0, 1)")
+        self.beta = beta
+        self._s = prior
+        self._t = 1.0
+
+    def update(self, successes: float, trials: float) -> None:
+        if trials <= 0:
+            return
+        self._s = self.beta * self._s + (1 - self.beta) * successes
+        self._t = self.beta * self._t + (1 - self.beta) * trials
+
+    @property
+    def rate(self) -> float:
+        return float(min(self._s / self._t, 0.999))
+
+
+class PositionRates:
+    """Conditional acceptance per draft position j = 1..K (acceptance falls along the draft).
+
+    Counts decay by ``decay`` per update so the estimate follows a changing workload; each position
+    starts from its prior (a scalar or one rate per position) worth ``prior_trials`` trials.
+    """
+
+    def __init__(self, max_k: int, prior=0.6, prior_trials: float = 4.0, decay: float = 0.999) -> None:
+        if max_k < 1:
+            raise ConfigError(f"max_k = {max_k!r}: must be >= 1")
+        self.max_k = max_k
+        self.set_prior(prior)
+        self.prior_trials = prior_trials
+        self.decay = decay
+        self.trials = np.zeros(max_k)
+        self.succ = np.zeros(max_k)
+        self._pos = np.arange(max_k)
+
+    def update(self, verified: np.ndarray, accepted: np.ndarray) -> None:
+        tried = np.minimum(np.asarray(accepted) + 1, np.asarray(verified))
+        t = (self._pos[None, :] < tried[:, None]).sum(axis=0)
+        s = (self._pos[None, :] < np.asarray(accepted)[:, None]).sum(axis=0)
+        self.trials *= self.decay
+        self.succ *= self.decay
+        self.trials += t
+        self.succ += s
+
+    def set_prior(self, prior) -> None:
+        p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (self.max_k,)).copy()
+        for v in p:
+            _check_rate("prior", float(v))
+        self.prior = p
+
+    @property
+    def rates(self) -> np.ndarray:
+        return np.minimum((self.succ + self.prior * self.prior_trials) / (self.trials + self.prior_trials), 0.999)
+
+    @property
+    def mean_rate(self) -> float:
+        """Pooled rate over all positions (trials-weighted; the first position's prior when empty)."""
+        t = self.trials.sum() + self.prior_trials
+        return float(min((self.succ.sum() + self.prior[0] * self.prior_trials) / t, 0.999))
+
+
+class RequestBeta:
+    """Per-request Beta posterior on the acceptance rate, shrunk to a prior.
+
+    Request r's posterior mean = (s_r + m * prior_r) / (t_r + m): a new request starts at the prior
+    (global or its category's), an easy request earns a higher rate after a few steps. State lives in
+    arrays indexed by executor slot; ``reset`` clears a slot when a new request takes it.
+    """
+
+    def __init__(self, strength: float = 8.0, capacity: int = 64) -> None:
+        if strength <= 0:
+            raise ConfigError(f"prior strength = {strength!r}: must be > 0 pseudo-trials")
+        self.m = float(strength)
+        self.s = np.zeros(capacity)
+        self.t = np.zeros(capacity)
+
+    def ensure(self, max_slot: int) -> None:
+        if max_slot >= self.s.size:
+            size = max(max_slot + 1, 2 * self.s.size)
+            self.s = np.resize(self.s, size)
+            self.t = np.resize(self.t, size)
+            self.s[max_slot:] = 0
+            self.t[max_slot:] = 0
+
+    def reset(self, slots: np.ndarray) -> None:
+        self.s[slots] = 0.0
+        self.t[slots] = 0.0
+
+    def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
+        np.add.at(self.s, slots, successes)
+        np.add.at(self.t, slots, trials)
+
+    def mean(self, slots: np.ndarray, prior) -> np.ndarray:
+        return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), 0.999)
+
+
+class CategoryRates:
+    """Acceptance per request category (e.g. Spec-Bench's), falling back to a global rate."""
+
+    def __init__(self, n_categories: int, prior_trials: float = 16.0) -> None:
+        self.succ = np.zeros(max(n_categories, 1))
+        self.trials = np.zeros(max(n_categories, 1))
+        self.prior_trials = prior_trials
+
+    def update(self, category: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
+        known = category >= 0
+        if not known.any():
+            return
+        cat = category[known]
+        if cat.max() >= self.succ.size:
+            size = int(cat.max()) + 1
+            self.succ = np.resize(self.succ, size)
+            self.trials = np.resize(self.trials, size)
+        np.add.at(self.succ, cat, successes[known])
+        np.add.at(self.trials, cat, trials[known])
+
+    def rates(self, category: np.ndarray, global_rate: float) -> np.ndarray:
+        out = np.full(category.shape, global_rate, dtype=np.float64)
+        known = (category >= 0) & (category < self.succ.size)
+        c = category[known]
+        out[known] = (self.succ[c] + global_rate * self.prior_trials) / (self.trials[c] + self.prior_trials)
+        return np.minimum(out, 0.999)
+
+
+def logit(p):
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return np.log(p) - np.log1p(-p)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, pooled_rate: float) -> np.ndarray:
+    """Survival p[r, j] combining a request's own rate with the global per-position shape.
+
+    logit(a[r, j]) = logit(position_rate[j]) + logit(request_rate[r]) - logit(pooled_rate): the
+    request's rate shifts the whole per-position curve, which keeps its decay along the draft.
+    Shape (n, K).
+    """
+    shift = logit(request_rate) - logit(pooled_rate)
+    a = sigmoid(logit(position_rates)[None, :] + shift[:, None])
+    return np.cumprod(a, axis=1)

@@ -1,0 +1,187 @@
+"""Composition of forward-pass costs into the cost of one speculative decode step.
+
+T_step = T_draft + T_verify + overhead, where (DESIGN.md section 4):
+- draft model / EAGLE-style head: sum over draft depths s = 1..max k_i of one draft pass over the
+  requests still drafting: T_fwd_d(sum of their contexts + s - 1, their count);
+- n-gram prompt lookup: a small constant, independent of k;
+- sink+window self-speculation (MagicDec): the draft's context per request is min(ctx, sink + window);
+- verify: T_fwd_target(sum ctx, sum (k_i + 1)).
+A request whose draft state lags the target by L tokens re-prefills them in its first draft pass
+(catch-up), which adds L batched tokens to that pass.
+
+Everything is vectorised over requests. ``slot_costs`` gives the marginal cost of each draft slot
+(request r, position j) for the request-level optimiser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from control.errors import ConfigError
+from control.goodput.cost import LinearCost
+
+
+class DrafterKind(str, Enum):
+    draft_model = "draft_model"
+    ngram = "ngram"
+    eagle = "eagle"
+    self_spec = "self_spec"
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterCost:
+    """How much drafting costs for one drafter.
+
+    ``model`` is the forward-pass cost of the draft model or EAGLE head (for ``self_spec``, the
+    target's own cost with its KV capped at ``sink + window``); ``const_ms`` is a per-step cost
+    (n-gram lookup, or a fixed launch overhead for the others).
+    """
+
+    name: str
+    kind: DrafterKind
+    model: LinearCost | None = None
+    const_ms: float = 0.0
+    sink: int = 0
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind in (DrafterKind.draft_model, DrafterKind.eagle, DrafterKind.self_spec) and self.model is None:
+            raise ConfigError(f"drafter '{self.name}' of kind {self.kind.value} needs a cost model (model: ...)")
+        if self.kind == DrafterKind.self_spec and self.sink + self.window <= 0:
+            raise ConfigError(f"drafter '{self.name}' (self_spec) needs sink + window > 0 KV tokens")
+        if not np.isfinite(self.const_ms) or self.const_ms < 0:
+            raise ConfigError(f"drafter '{self.name}': cost_ms = {self.const_ms!r}: must be a finite number >= 0")
+
+    @property
+    def has_passes(self) -> bool:
+        return self.kind != DrafterKind.ngram
+
+    def draft_ctx(self, ctx: np.ndarray) -> np.ndarray:
+        if self.kind == DrafterKind.self_spec:
+            return np.minimum(ctx, self.sink + self.window)
+        return ctx
+
+    def draft_ms(self, ctx: np.ndarray, k: np.ndarray, lag: np.ndarray | None = None) -> float:
+        """Drafting cost in ms for requests with contexts ``ctx`` drafting ``k`` tokens each."""
+        k = np.asarray(k, dtype=np.int64)
+        if k.size == 0:
+            return 0.0
+        kmax = int(k.max())
+        if kmax <= 0:
+            return 0.0
+        if not self.has_passes:
+            return self.const_ms
+        dctx = self.draft_ctx(np.asarray(ctx, dtype=np.float64))
+        # count_s and ctx_s for depths s = 1..kmax via histograms of k, reverse-cumulated.
+        cnt = np.bincount(k, minlength=kmax + 1)[::-1].cumsum()[::-1][1:]
+        ctxsum = np.bincount(k, weights=dctx, minlength=kmax + 1)[::-1].cumsum()[::-1][1:]
+        depth = np.arange(kmax, dtype=np.float64)  # s - 1
+        m = self.model
+        total_ctx = float(ctxsum.sum() + (depth * cnt).sum())
+        total_tok = float(cnt.sum())
+        if lag is not None:
+            total_tok += float(np.asarray(lag)[k > 0].sum())
+        return m.a * total_ctx + m.b * total_tok + m.c * kmax + self.const_ms
+
+    def slot_costs(self, ctx: np.ndarray, lag: np.ndarray, max_k: int) -> np.ndarray:
+        """Marginal cost in ms of draft slot (r, j), j = 1..max_k, excluding the per-depth pass cost.
+
+        The per-depth cost ``model.c`` is paid once per depth reached by any request; the
+        optimiser adds it from the running maximum depth. Shape (n, max_k).
+        """
+        n = ctx.shape[0]
+        if not self.has_passes:
+            return np.zeros((n, max_k))
+        m = self.model
+        dctx = self.draft_ctx(ctx.astype(np.float64))
+        j = np.arange(max_k, dtype=np.float64)
+        cost = m.a * (dctx[:, None] + j[None, :]) + m.b
+        cost[:, 0] += m.b * lag
+        return cost
+
+    @property
+    def depth_ms(self) -> float:
+        return self.model.c if self.has_passes else 0.0
+
+    def features(self, ctx: np.ndarray, k: np.ndarray) -> tuple[float, float, int]:
+        """(sum N_ctx, sum N_batched, passes) of the draft side, for an online refit."""
+        k = np.asarray(k, dtype=np.int64)
+        kmax = int(k.max()) if k.size else 0
+        if kmax <= 0 or not self.has_passes:
+            return 0.0, 0.0, 0
+        dctx = self.draft_ctx(np.asarray(ctx, dtype=np.float64))
+        cnt = np.bincount(k, minlength=kmax + 1)[::-1].cumsum()[::-1][1:]
+        ctxsum = np.bincount(k, weights=dctx, minlength=kmax + 1)[::-1].cumsum()[::-1][1:]
+        depth = np.arange(kmax, dtype=np.float64)
+        return float(ctxsum.sum() + (depth * cnt).sum()), float(cnt.sum()), kmax
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostModel:
+    """Target cost, the drafters' costs and a per-step overhead: predicts a whole step's time."""
+
+    target: LinearCost
+    drafters: tuple[DrafterCost, ...]
+    overhead_ms: float = 0.0
+
+    def drafter_index(self, name: str) -> int:
+        for i, d in enumerate(self.drafters):
+            if d.name == name:
+                return i
+        raise ConfigError(f"unknown drafter '{name}'; this profile has: {', '.join(d.name for d in self.drafters)}")
+
+    def verify_ms(self, ctx: np.ndarray, k: np.ndarray) -> float:
+        return float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + k.shape[0])))
+
+    def step_ms(self, ctx, k, drafter=None, lag=None) -> float:
+        """Predicted step time in ms. ``drafter``: per-request drafter index (default all 0)."""
+        ctx = np.asarray(ctx, dtype=np.float64)
+        k = np.asarray(k, dtype=np.int64)
+        t = self.verify_ms(ctx, k) + self.overhead_ms
+        if not self.drafters or k.size == 0 or k.max() <= 0:
+            return t
+        if drafter is None or len(self.drafters) == 1:
+            return t + self.drafters[0 if drafter is None else int(np.asarray(drafter).flat[0])].draft_ms(ctx, k, lag)
+        drafter = np.asarray(drafter)
+        for i, d in enumerate(self.drafters):
+            sel = drafter == i
+            if sel.any():
+                t += d.draft_ms(ctx[sel], k[sel], None if lag is None else np.asarray(lag)[sel])
+        return t
+
+    def plain_ms(self, ctx) -> float:
+        """Time of a non-speculative decode step (k = 0 for everyone)."""
+        ctx = np.asarray(ctx, dtype=np.float64)
+        return float(self.target.predict(float(ctx.sum()), float(ctx.shape[0]))) + self.overhead_ms
+
+    def step_std_ms(self) -> float:
+        """Residual std of a step's predicted time, from the fits' residuals (for quantile SLOs)."""
+        s = self.target.resid_std_ms**2
+        for d in self.drafters:
+            if d.model is not None:
+                s += d.model.resid_std_ms**2
+        return float(np.sqrt(s))
+
+
+def uniform_step_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):
+    """Closed-form step time for ``batch`` identical requests of context ``ctx`` drafting ``k`` each.
+
+    Broadcasts over numpy arrays of batch, ctx and k (used to tabulate plans over a grid).
+    """
+    B = np.asarray(batch, dtype=np.float64)
+    S = np.asarray(ctx, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    t = cost.target.predict(B * S, B * (k + 1.0)) + cost.overhead_ms
+    if not cost.drafters:
+        return t
+    d = cost.drafters[drafter]
+    on = k > 0
+    if not d.has_passes:
+        return t + np.where(on, d.const_ms, 0.0)
+    dS = np.minimum(S, d.sink + d.window) if d.kind == DrafterKind.self_spec else S
+    m = d.model
+    draft = k * (m.a * B * dS + m.b * B + m.c) + m.a * B * k * (k - 1.0) / 2.0 + np.where(on, d.const_ms, 0.0)
+    return t + draft

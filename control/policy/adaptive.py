@@ -1,0 +1,197 @@
+"""``adaptive``: our policy. Request-level, per-position, SLO-aware, context-aware, gated, multi-drafter.
+
+Per step:
+1. The gate (hysteresis on batch size, dwell, periodic retune from the live cost model) decides
+   whether to consider speculation at all; while off the draft prefill is skipped.
+2. The drafter bandit (SPIN) picks each request's drafter when several are active.
+3. Survival p[r, j] combines the request's own Beta-posterior rate (shrunk to its category's or the
+   drafter's pooled rate) with the drafter's per-position acceptance curve.
+4. ``admit_slots`` picks per-request k maximising (n + sum admitted p) / T(S) with the live cost
+   model (real per-request contexts, so long contexts keep speculation alive at large batch), KV and
+   token-budget limits, the SLO, and the catch-up cost of requests whose draft state lags.
+5. Where the drafter reports confidences, a marginal-cost cut stops each request's drafting early.
+After the step, ``observe`` updates the estimators, refits the cost model online (recursive least
+squares with forgetting) and feeds the bandit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.goodput.cost import RecursiveCost
+from control.goodput.estimators import (
+    CategoryRates,
+    PositionRates,
+    RequestBeta,
+    chain_trials,
+    request_position_survival,
+)
+from control.goodput.optimizer import Constraints, admit_slots, confidence_cuts
+from control.goodput.stepcost import DrafterCost, StepCostModel
+from control.plan import threshold_batch
+from control.policy.bandit import DrafterBandit
+from control.policy.base import I64, BasePolicy, PolicyContext
+from control.policy.gate import Gate
+from control.policy.types import Decision, StepOutcome, StepView
+
+REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
+
+
+class AdaptivePolicy(BasePolicy):
+    name = "adaptive"
+
+    def __init__(self, ctx: PolicyContext, seed: int = 0, request_strength: float = 8.0) -> None:
+        super().__init__(ctx)
+        self._seed = seed
+        self._strength = request_strength
+        self._setup(ctx)
+
+    def _setup(self, ctx: PolicyContext) -> None:
+        m = len(ctx.drafters)
+        K = max(ctx.max_k, 1)
+        self.K = K
+        self.pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(m)]
+        self.req = [RequestBeta(self._strength) for _ in range(m)]
+        self.cat = CategoryRates(8)
+        self.rls_target = RecursiveCost(ctx.cost.target)
+        self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in ctx.cost.drafters]
+        self.cost = ctx.cost
+        self._since_refit = 0
+        g = ctx.gate
+        self.gate = Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps)
+        self._zero_run = 0
+        b = ctx.bandit
+        caps = None
+        if b.capacities:
+            caps = [b.capacities.get(d, 1 << 30) for d in ctx.drafters]
+        self.bandit = (DrafterBandit(m, caps, b.explore_slots, b.chunk_slots, b.switch_cost_weight,
+                                     b.max_exploit_slots, seed=self._seed) if (m > 1 and b.enabled) else None)
+
+    def update_context(self, ctx: PolicyContext) -> None:
+        same_drafters = ctx.drafters == self.ctx.drafters and ctx.max_k == self.ctx.max_k
+        super().update_context(ctx)
+        if not same_drafters:
+            self._setup(ctx)
+            return
+        # Same drafters: keep learned acceptance and the bandit; take the new priors, limits and gate.
+        for i, pr in enumerate(self.pos):
+            pr.set_prior(ctx.prior_positions[i])
+        g = ctx.gate
+        self.gate.b_on_ratio, self.gate.min_dwell, self.gate.probe_every = g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps
+        self.gate.retune(g.b_off)
+
+    # -- estimates -------------------------------------------------------------------------------
+    def pooled_rate(self, i: int) -> float:
+        return self.pos[i].mean_rate
+
+    def survival(self, view: StepView, d_ctx: np.ndarray) -> np.ndarray:
+        surv = np.empty((view.n, self.K))
+        for i in range(len(self.ctx.drafters)):
+            sel = d_ctx == i
+            if not sel.any():
+                continue
+            pooled = self.pooled_rate(i)
+            prior = pooled if view.category is None else self.cat.rates(view.category[sel], pooled)
+            rate = self.req[i].mean(view.slots[sel], prior)
+            surv[sel] = request_position_survival(rate, self.pos[i].rates, pooled)
+        return surv
+
+    def reset_slots(self, slots: np.ndarray) -> None:
+        for r in self.req:
+            r.ensure(int(slots.max()))
+            r.reset(slots)
+        if self.bandit is not None:
+            self.bandit.reset(slots)
+
+    # -- decide ----------------------------------------------------------------------------------
+    def _retune_gate(self, view: StepView) -> None:
+        """Re-derive the gate's threshold from the live cost model at the current context mix."""
+        plan = self.ctx.plan
+        b_off = threshold_batch(self.cost, int(np.mean(view.ctx_lens)), self.pooled_rate(self.ctx.default),
+                                self.ctx.max_k, plan.profile.limits.max_batch, plan.slo, drafter=self.ctx.default)
+        self.gate.retune(b_off)
+
+    def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
+        n = view.n
+        if self.gate.probe_due(view.step):
+            self._retune_gate(view)
+        if not self.gate.update(n, view.step):
+            return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
+                            prefill_draft=False)
+        if self.bandit is not None:
+            lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
+            switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
+            d_ctx = self.bandit.assign(view.slots, switch_cost)
+        else:
+            d_ctx = np.full(n, self.ctx.default, dtype=I64)
+        d_exec = self.exec_drafter(d_ctx)
+        lag = self.lag_of(view, d_exec)
+        cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
+        surv = self.survival(view, d_ctx)
+        c = self.ctx.cons
+        cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
+        choice = admit_slots(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx, lag=lag)
+        if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0:
+            self._zero_run += 1
+            if self._zero_run >= max(self.gate.min_dwell, 1):
+                self.gate.retune(min(self.gate.b_off, n))
+        else:
+            self._zero_run = 0
+        conf_cut = None
+        if self.ctx.confidences[d_ctx].any():
+            conf_cut = np.where(self.ctx.confidences[d_ctx], confidence_cuts(self.cost, view.ctx_lens, choice, d_ctx), 0.0)
+        return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
+                        predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def wants_draft_prefill(self, view: StepView) -> bool:
+        return super().wants_draft_prefill(view) and self.gate.on
+
+    # -- observe ---------------------------------------------------------------------------------
+    def observe(self, outcome: StepOutcome) -> None:
+        if outcome.n == 0:
+            return
+        d_ctx = self._to_ctx[outcome.drafter] if self._to_ctx.size else np.full(outcome.n, self.ctx.default, dtype=I64)
+        s, t = chain_trials(outcome.verified, outcome.accepted)
+        spec = outcome.verified > 0
+        for i in range(len(self.ctx.drafters)):
+            sel = spec & (d_ctx == i)
+            if not sel.any():
+                continue
+            self.pos[i].update(outcome.verified[sel], outcome.accepted[sel])
+            self.req[i].ensure(int(outcome.slots[sel].max()))
+            self.req[i].update(outcome.slots[sel], s[sel], t[sel])
+        if outcome.category is not None and spec.any():
+            self.cat.update(outcome.category[spec], s[spec], t[spec])
+        self._refit(outcome, d_ctx, spec)
+        if self.bandit is not None and spec.any():
+            self.bandit.update(outcome.slots[spec], d_ctx[spec], self._rewards(outcome, d_ctx)[spec])
+
+    def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
+        """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""
+        n = outcome.n
+        verify_share = self.cost.verify_ms(outcome.ctx_lens.astype(np.float64), outcome.verified) / n
+        share = np.full(n, verify_share)
+        for i, d in enumerate(self.cost.drafters):
+            sel = d_ctx == i
+            if sel.any():
+                share[sel] += d.draft_ms(outcome.ctx_lens[sel].astype(np.float64), outcome.drafted[sel]) / sel.sum()
+        return (outcome.accepted + 1) / np.maximum(share, 1e-9)
+
+    def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
+        if outcome.verify_ms > 0:
+            self.rls_target.update(float(outcome.ctx_lens.sum()), float((outcome.verified + 1).sum()), outcome.verify_ms)
+        used = np.unique(d_ctx[spec]) if spec.any() else np.zeros(0, dtype=I64)
+        if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
+            rls = self.rls_draft[int(used[0])]
+            if rls is not None:
+                rls.update(outcome.draft_ctx_tokens, outcome.draft_batched_tokens, outcome.draft_ms, outcome.draft_passes)
+        self._since_refit += 1
+        if self._since_refit >= REFIT_EVERY:
+            self._since_refit = 0
+            drafters = tuple(
+                DrafterCost(d.name, d.kind, self.rls_draft[i].cost if self.rls_draft[i] is not None and self.rls_draft[i].n else d.model,
+                            d.const_ms, d.sink, d.window)
+                for i, d in enumerate(self.ctx.cost.drafters)
+            )
+            target = self.rls_target.cost if self.rls_target.n else self.ctx.cost.target
+            self.cost = StepCostModel(target, drafters, self.ctx.cost.overhead_ms)

@@ -1,0 +1,157 @@
+"""Drafter selection per request as a bandit (SPIN, Algorithms 1-2).
+
+Epoch e = 1, 2, ...: an exploration stage of ``alpha`` slots in chunks of ``beta`` slots, where each
+request gets a random drafter for a whole chunk (subject to each drafter's capacity B_j), then an
+exploitation stage of 2^e slots (capped) with the max-weight assignment of requests to drafters:
+each drafter j is replicated B_j times and ``scipy.optimize.linear_sum_assignment`` matches requests
+to replicas on estimated goodput minus ``switch_cost_weight`` x the cost of switching a request's
+drafter (the KV it must recompute on the new drafter).
+
+A "slot" is one engine step. Requests come and go: state is kept per executor slot and reset when
+a new request takes it; a request with no estimate for a drafter uses that drafter's pooled mean.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+I64 = np.int64
+
+
+class DrafterBandit:
+    def __init__(self, n_drafters: int, capacities=None, explore_slots: int = 32, chunk_slots: int = 8,
+                 switch_cost_weight: float = 1.0, max_exploit_slots: int = 4096, seed: int = 0) -> None:
+        if n_drafters < 1:
+            raise ValueError("DrafterBandit needs at least one drafter")
+        if chunk_slots < 1 or explore_slots < chunk_slots:
+            raise ValueError(f"need 1 <= chunk_slots ({chunk_slots}) <= explore_slots ({explore_slots})")
+        self.m = n_drafters
+        self.cap = None if capacities is None else np.asarray(capacities, dtype=I64)
+        self.alpha = explore_slots
+        self.beta = chunk_slots
+        self.lam = switch_cost_weight
+        self.max_exploit = max_exploit_slots
+        self.rng = np.random.default_rng(seed)
+        self.epoch = 1
+        self.exploring = True
+        self.t_stage = 0
+        size = 64
+        self.g_sum = np.zeros((size, n_drafters))
+        self.g_cnt = np.zeros((size, n_drafters))
+        self.assigned = np.full(size, -1, dtype=I64)
+        self.pool_sum = np.zeros(n_drafters)
+        self.pool_cnt = np.zeros(n_drafters)
+        self.switches = 0
+
+    # -- state -----------------------------------------------------------------------------------
+    def _ensure(self, max_slot: int) -> None:
+        if max_slot < self.assigned.size:
+            return
+        size = max(max_slot + 1, 2 * self.assigned.size)
+        for name in ("g_sum", "g_cnt"):
+            arr = getattr(self, name)
+            grown = np.zeros((size, self.m))
+            grown[: arr.shape[0]] = arr
+            setattr(self, name, grown)
+        a = np.full(size, -1, dtype=I64)
+        a[: self.assigned.size] = self.assigned
+        self.assigned = a
+
+    def reset(self, slots: np.ndarray) -> None:
+        self._ensure(int(slots.max()))
+        self.g_sum[slots] = 0.0
+        self.g_cnt[slots] = 0.0
+        self.assigned[slots] = -1
+
+    def estimates(self, slots: np.ndarray) -> np.ndarray:
+        """Estimated goodput per (request, drafter); pooled drafter means where a request has none."""
+        pooled = np.where(self.pool_cnt > 0, self.pool_sum / np.maximum(self.pool_cnt, 1), 0.0)
+        cnt = self.g_cnt[slots]
+        return np.where(cnt > 0, self.g_sum[slots] / np.maximum(cnt, 1), pooled[None, :])
+
+    # -- assignment ------------------------------------------------------------------------------
+    def _capacity(self, n: int) -> np.ndarray:
+        return np.full(self.m, n, dtype=I64) if self.cap is None else np.minimum(self.cap, n)
+
+    def _random(self, n: int) -> np.ndarray:
+        cap = self._capacity(n)
+        choice = self.rng.integers(0, self.m, size=n)
+        # Respect capacity: move the overflow of a full drafter to drafters with room.
+        for j in range(self.m):
+            idx = np.flatnonzero(choice == j)
+            if idx.size > cap[j]:
+                over = self.rng.permutation(idx)[cap[j]:]
+                room = cap - np.bincount(choice, minlength=self.m)
+                for i in over:
+                    free = np.flatnonzero(room > 0)
+                    if free.size == 0:
+                        break
+                    new = int(self.rng.choice(free))
+                    room[new] -= 1
+                    room[j] += 1
+                    choice[i] = new
+        return choice
+
+    def _matching(self, slots: np.ndarray, switch_cost: np.ndarray | None) -> np.ndarray:
+        n = slots.size
+        w = self.estimates(slots)
+        if switch_cost is not None and self.lam > 0:
+            cur = self.assigned[slots]
+            differs = (np.arange(self.m)[None, :] != cur[:, None]) & (cur[:, None] >= 0)
+            w = w - self.lam * switch_cost * differs
+        cap = self._capacity(n)
+        cols = np.repeat(np.arange(self.m), cap)
+        if cols.size < n:  # not enough capacity for everyone: extra requests use the best drafter anyway
+            return np.argmax(w, axis=1)
+        rows, col_idx = linear_sum_assignment(w[:, cols], maximize=True)
+        out = np.empty(n, dtype=I64)
+        out[rows] = cols[col_idx]
+        return out
+
+    def _stage_len(self) -> int:
+        return self.alpha if self.exploring else min(2**self.epoch, self.max_exploit)
+
+    def assign(self, slots: np.ndarray, switch_cost: np.ndarray | None = None) -> np.ndarray:
+        """Drafter per request for this slot (step). ``switch_cost``: (n, m) cost of moving to each."""
+        slots = np.asarray(slots, dtype=I64)
+        if slots.size == 0:
+            return np.zeros(0, dtype=I64)
+        self._ensure(int(slots.max()))
+        if self.m == 1:
+            self.assigned[slots] = 0
+            return np.zeros(slots.size, dtype=I64)
+        boundary = self.t_stage == 0 or (self.exploring and self.t_stage % self.beta == 0)
+        cur = self.assigned[slots]
+        if boundary:
+            new = self._random(slots.size) if self.exploring else self._matching(slots, switch_cost)
+        else:
+            new = cur.copy()
+            missing = cur < 0
+            if missing.any():  # requests that arrived mid-chunk or mid-stage
+                if self.exploring:
+                    new[missing] = self.rng.integers(0, self.m, size=int(missing.sum()))
+                else:
+                    new[missing] = np.argmax(self.estimates(slots[missing]), axis=1)
+        self.switches += int(((cur >= 0) & (cur != new)).sum())
+        self.assigned[slots] = new
+        self.t_stage += 1
+        if self.t_stage >= self._stage_len():
+            self.t_stage = 0
+            if self.exploring:
+                self.exploring = False
+            else:
+                self.exploring = True
+                self.epoch += 1
+        return new
+
+    def update(self, slots: np.ndarray, drafter: np.ndarray, reward: np.ndarray) -> None:
+        """Record per-request goodput ``reward`` observed on ``drafter`` this slot."""
+        slots = np.asarray(slots, dtype=I64)
+        if slots.size == 0:
+            return
+        self._ensure(int(slots.max()))
+        np.add.at(self.g_sum, (slots, drafter), reward)
+        np.add.at(self.g_cnt, (slots, drafter), 1.0)
+        np.add.at(self.pool_sum, drafter, reward)
+        np.add.at(self.pool_cnt, drafter, 1.0)

@@ -1,0 +1,163 @@
+"""What every policy shares: the context compiled from a plan, slot bookkeeping, per-request caps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from control.goodput.estimators import MovingWindow, chain_trials
+from control.goodput.optimizer import Constraints
+from control.goodput.stepcost import StepCostModel
+from control.plan import BanditParams, GateParams, Plan
+from control.policy.types import Decision, StepOutcome, StepView
+
+I64 = np.int64
+
+
+@dataclass(slots=True)
+class PolicyContext:
+    """Everything a policy needs from a plan, in array form, indexed by active drafter."""
+
+    plan: Plan
+    cost: StepCostModel  # drafters in the order of ``drafters``
+    default_cost: StepCostModel  # the default drafter only
+    drafters: tuple[str, ...]
+    default: int
+    max_k: int
+    cons: Constraints
+    prior_rate: np.ndarray  # (m,)
+    prior_positions: np.ndarray  # (m, K) conditional per-position rates
+    confidences: np.ndarray  # (m,) bool: drafter reports confidences
+    gate: GateParams
+    bandit: BanditParams
+    force_off: bool
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> PolicyContext:
+        names = tuple(plan.drafters)
+        K = max(plan.max_k, 1)
+        prior = np.array([plan.prior_rate(d) for d in names])
+        pos = np.empty((len(names), K))
+        for i, d in enumerate(names):
+            given = plan.acceptance.per_position.get(d)
+            if given:
+                g = np.asarray(given[:K], dtype=np.float64)
+                pos[i] = np.concatenate([g, np.full(K - g.size, g[-1])]) if g.size < K else g
+            else:
+                pos[i] = prior[i]
+        cost = plan.profile.step_cost(list(names))
+        default = names.index(plan.default_drafter)
+        return cls(
+            plan=plan,
+            cost=cost,
+            default_cost=StepCostModel(cost.target, (cost.drafters[default],), cost.overhead_ms),
+            drafters=names,
+            default=default,
+            max_k=plan.max_k,
+            cons=Constraints(slo_tpot_ms=plan.slo.tpot_ms, slo_quantile=plan.slo.quantile),
+            prior_rate=prior,
+            prior_positions=pos,
+            confidences=np.array([plan.profile.drafter(d).confidences and plan.profile.drafter(d).kind.value != "ngram"
+                                  for d in names]),
+            gate=plan.gate,
+            bandit=plan.bandit,
+            force_off=plan.force_off,
+        )
+
+
+class BasePolicy:
+    """Slot bookkeeping and the per-request caps every policy applies.
+
+    Subclasses implement ``_decide(view, cap, ctx_drafter)`` and may override ``observe``. The cap
+    of request r is min(K, its num_draft_tokens, remaining - 1) (drafting past max_tokens is waste),
+    and 0 for every request when the plan forces speculation off.
+    """
+
+    name = "base"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+        self._slot_rid = np.full(64, -1, dtype=I64)
+        self._map_key: tuple[str, ...] | None = None
+        self._to_ctx = np.zeros(0, dtype=I64)  # executor drafter index -> ctx index (-1: not active)
+        self._to_exec = np.zeros(0, dtype=I64)  # ctx drafter index -> executor index (-1: executor lacks it)
+
+    # -- plan updates ----------------------------------------------------------------------------
+    def update_context(self, ctx: PolicyContext) -> None:
+        """Apply a new plan of the same policy, keeping learned state where it still applies."""
+        changed = ctx.drafters != self.ctx.drafters
+        self.ctx = ctx
+        if changed:
+            self._map_key = None
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _drafter_maps(self, view: StepView) -> None:
+        if self._map_key == view.drafters:
+            return
+        self._map_key = view.drafters
+        names = self.ctx.drafters
+        self._to_ctx = np.array([names.index(d) if d in names else -1 for d in view.drafters], dtype=I64)
+        self._to_exec = np.array([view.drafters.index(d) if d in view.drafters else -1 for d in names], dtype=I64)
+
+    def _new_slots(self, view: StepView) -> np.ndarray:
+        """Slots that hold a request this policy has not seen before (their state must be reset)."""
+        slots = view.slots
+        if slots.size and slots.max() >= self._slot_rid.size:
+            grown = np.full(max(int(slots.max()) + 1, 2 * self._slot_rid.size), -1, dtype=I64)
+            grown[: self._slot_rid.size] = self._slot_rid
+            self._slot_rid = grown
+        fresh = self._slot_rid[slots] != view.request_ids
+        self._slot_rid[slots] = view.request_ids
+        return slots[fresh]
+
+    def caps(self, view: StepView) -> np.ndarray:
+        if self.ctx.force_off or self.ctx.max_k <= 0:
+            return np.zeros(view.n, dtype=I64)
+        cap = np.minimum(np.minimum(view.k_cap, view.remaining - 1), min(self.ctx.max_k, view.max_k))
+        return np.maximum(cap, 0)
+
+    def exec_drafter(self, ctx_idx) -> np.ndarray:
+        """Executor drafter indices for ctx drafter indices (falls back to the executor's first)."""
+        out = self._to_exec[ctx_idx]
+        return np.where(out < 0, 0, out)
+
+    def default_exec_drafter(self) -> int:
+        e = int(self._to_exec[self.ctx.default]) if self._to_exec.size else 0
+        return max(e, 0)
+
+    def lag_of(self, view: StepView, exec_drafter: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(view.draft_lag, exec_drafter[:, None], axis=1)[:, 0]
+
+    # -- protocol --------------------------------------------------------------------------------
+    def decide(self, view: StepView) -> Decision:
+        self._drafter_maps(view)
+        fresh = self._new_slots(view)
+        if fresh.size:
+            self.reset_slots(fresh)
+        if view.n == 0:
+            return Decision(np.zeros(0, dtype=I64), np.zeros(0, dtype=I64), prefill_draft=self.wants_draft_prefill(view))
+        return self._decide(view, self.caps(view))
+
+    def reset_slots(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Called with the slots that now hold new requests."""
+
+    def wants_draft_prefill(self, view: StepView) -> bool:
+        return not self.ctx.force_off and self.ctx.max_k > 0
+
+    def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
+        raise NotImplementedError
+
+    def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
+        """Default: learn nothing."""
+
+
+class GlobalRateMixin:
+    """A global moving-window acceptance estimate for the default drafter (SmartSpec's)."""
+
+    def _init_rate(self, ctx: PolicyContext, window: int = 64) -> None:
+        self.rate_est = MovingWindow(window=window, prior=float(ctx.prior_rate[ctx.default]))
+
+    def _observe_rate(self, outcome: StepOutcome) -> None:
+        s, t = chain_trials(outcome.verified, outcome.accepted)
+        self.rate_est.update(float(s.sum()), float(t.sum()))

@@ -1,0 +1,87 @@
+"""SmartSpec (step-level goodput, global moving average) and TurboSpec (+ adaptive disable threshold)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from control.goodput.acceptance import chain_survival
+from control.goodput.optimizer import Constraints, best_uniform_k
+from control.policy.base import I64, BasePolicy, GlobalRateMixin, PolicyContext
+from control.policy.types import Decision, StepOutcome, StepView
+
+
+class SmartSpecPolicy(GlobalRateMixin, BasePolicy):
+    """One k for the batch maximising predicted goodput with the global moving-average rate
+    (SmartSpec Alg. 1-2). Draft prefill is skipped while more than 70% of recent steps chose k = 0
+    (SmartSpec's prefill disabling); such requests then stay non-speculative."""
+
+    name = "smartspec"
+    PREFILL_OFF_SHARE = 0.7
+
+    def __init__(self, ctx: PolicyContext, window: int = 64) -> None:
+        super().__init__(ctx)
+        self._init_rate(ctx, window)
+        self._zero_hist: deque[bool] = deque(maxlen=window)
+
+    def _constraints(self, view: StepView) -> Constraints:
+        c = self.ctx.cons
+        return Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
+
+    def _step_k(self, view: StepView, cap: np.ndarray) -> np.ndarray:
+        d = self.default_exec_drafter()
+        drafter = np.full(view.n, d, dtype=I64)
+        lag = self.lag_of(view, drafter)
+        cap = np.where(lag > 0, 0, cap)  # no catch-up: a request without draft state stays plain
+        surv = chain_survival(np.full(view.n, self.rate_est.rate), max(self.ctx.max_k, 1))
+        choice = best_uniform_k(self.ctx.default_cost, view.ctx_lens, surv, cap, self._constraints(view))
+        return choice.k
+
+    def wants_draft_prefill(self, view: StepView) -> bool:
+        if not super().wants_draft_prefill(view):
+            return False
+        if len(self._zero_hist) < 8:
+            return True
+        return sum(self._zero_hist) / len(self._zero_hist) <= self.PREFILL_OFF_SHARE
+
+    def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
+        k = self._step_k(view, cap)
+        self._zero_hist.append(bool(k.max(initial=0) == 0))
+        return Decision(k, np.full(view.n, self.default_exec_drafter(), dtype=I64),
+                        prefill_draft=self.wants_draft_prefill(view))
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._observe_rate(outcome)
+
+
+class TurboSpecPolicy(SmartSpecPolicy):
+    """SmartSpec's optimiser plus TurboSpec's adaptive disable threshold (Listing 1): when the
+    optimiser first returns k = 0, the batch size is recorded; above it the draft prefill is skipped
+    (those requests stay non-speculative) and every RESET_STEPS skipped steps the threshold resets."""
+
+    name = "turbospec"
+    RESET_STEPS = 64
+
+    def __init__(self, ctx: PolicyContext, window: int = 64) -> None:
+        super().__init__(ctx, window)
+        self.disable_batch_size = math.inf
+        self.skip_cnt = 0
+
+    def wants_draft_prefill(self, view: StepView) -> bool:
+        if not BasePolicy.wants_draft_prefill(self, view):
+            return False
+        if view.n > self.disable_batch_size:
+            self.skip_cnt += 1
+            if self.skip_cnt % self.RESET_STEPS == 0:
+                self.disable_batch_size = math.inf
+            return False
+        return True
+
+    def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
+        prefill = self.wants_draft_prefill(view)
+        k = self._step_k(view, cap)
+        if k.max(initial=0) == 0:
+            self.disable_batch_size = view.n
+        return Decision(k, np.full(view.n, self.default_exec_drafter(), dtype=I64), prefill_draft=prefill)

@@ -1,0 +1,216 @@
+"""Profiles: fitted cost models per GPU SKU x model pair (``profiles/<sku>/<pair>.yaml``).
+
+A profile is produced by the profiler (``source: measured``) or the roofline model (``source:
+roofline``); never by hand. Schema ``specctl.profile/v1``::
+
+    schema: specctl.profile/v1
+    sku: h100
+    pair: llama-3.1-8b+llama-3.2-1b
+    source: measured | roofline
+    environment: {}                # device, versions, date
+    models:
+      target: {a_ms_per_ctx_token: 0.0, b_ms_per_batched_token: 0.0, c_ms: 0.0, r2: 1.0, mape: 0.0}
+      draft:  {a_ms_per_ctx_token: 0.0, b_ms_per_batched_token: 0.0, c_ms: 0.0, r2: 1.0, mape: 0.0}
+    drafters:
+      - {name: draft, kind: draft_model, model: draft}
+      - {name: ngram, kind: ngram, cost_ms: 0.2}
+
+Optional keys: ``overhead_ms`` (per step, outside the forward passes), ``acceptance`` (measured
+greedy acceptance per drafter name, used as the prior), ``limits`` (max batch, max context, KV
+tokens), ``grid`` (the sweep that produced the fit).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from control.errors import ConfigError, describe_validation_error
+from control.goodput.cost import LinearCost
+from control.goodput.stepcost import DrafterCost, DrafterKind, StepCostModel
+
+PROFILE_SCHEMA = "specctl.profile/v1"
+
+
+def _finite_nonneg(v: float, name: str) -> float:
+    if v is None or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0")
+    return v
+
+
+class CostCoeffs(BaseModel):
+    """T_fwd = a * N_ctx + b * N_batched + c in milliseconds, with the fit's quality."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    a_ms_per_ctx_token: float
+    b_ms_per_batched_token: float
+    c_ms: float
+    r2: float = 1.0
+    mape: float = 0.0
+    resid_std_ms: float = 0.0
+
+    @field_validator("a_ms_per_ctx_token", "b_ms_per_batched_token", "c_ms", "mape", "resid_std_ms")
+    @classmethod
+    def _nonneg(cls, v: float, info) -> float:
+        return _finite_nonneg(v, info.field_name)
+
+    @field_validator("r2")
+    @classmethod
+    def _r2(cls, v: float) -> float:
+        if not math.isfinite(v) or v > 1.0:
+            raise ValueError("r2 must be a finite number <= 1")
+        return v
+
+    def to_cost(self) -> LinearCost:
+        return LinearCost(self.a_ms_per_ctx_token, self.b_ms_per_batched_token, self.c_ms, self.r2, self.mape,
+                          self.resid_std_ms)
+
+    @classmethod
+    def from_cost(cls, c: LinearCost) -> CostCoeffs:
+        return cls(a_ms_per_ctx_token=c.a, b_ms_per_batched_token=c.b, c_ms=c.c, r2=c.r2, mape=c.mape,
+                   resid_std_ms=c.resid_std_ms)
+
+
+class DrafterEntry(BaseModel):
+    """One drafter the deployment can use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    kind: DrafterKind
+    model: str | None = None  # key into ``models`` (draft model, EAGLE head, or the target for self_spec)
+    cost_ms: float = 0.0  # per-step constant (n-gram lookup; launch overhead for the others)
+    sink: int = Field(default=0, ge=0)
+    window: int = Field(default=0, ge=0)
+    confidences: bool = True  # whether the drafter reports per-token confidences
+
+    @field_validator("cost_ms")
+    @classmethod
+    def _cost(cls, v: float) -> float:
+        return _finite_nonneg(v, "cost_ms")
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int = Field(default=256, ge=1)
+    max_ctx: int = Field(default=8192, ge=1)
+    kv_tokens: int | None = Field(default=None, ge=1)
+    token_budget: int | None = Field(default=None, ge=1)
+
+
+class Profile(BaseModel):
+    """A validated profile document."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: Literal["specctl.profile/v1"] = Field(alias="schema")
+    sku: str = Field(min_length=1)
+    pair: str = Field(min_length=1)
+    source: Literal["measured", "roofline"]
+    environment: dict[str, Any] = Field(default_factory=dict)
+    models: dict[str, CostCoeffs]
+    drafters: list[DrafterEntry] = Field(min_length=1)
+    overhead_ms: float = 0.0
+    acceptance: dict[str, float] = Field(default_factory=dict)
+    limits: Limits = Field(default_factory=Limits)
+    grid: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("overhead_ms")
+    @classmethod
+    def _overhead(cls, v: float) -> float:
+        return _finite_nonneg(v, "overhead_ms")
+
+    @field_validator("acceptance")
+    @classmethod
+    def _acc(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, a in v.items():
+            if not (math.isfinite(a) and 0.0 <= a < 1.0):
+                raise ValueError(f"acceptance of '{k}' = {a!r} must be in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _refs(self) -> Profile:
+        if "target" not in self.models:
+            raise ValueError(f"models must include 'target' (got: {', '.join(self.models) or 'none'})")
+        names = [d.name for d in self.drafters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"drafter names must be unique (got: {', '.join(names)})")
+        for d in self.drafters:
+            needs_model = d.kind != DrafterKind.ngram
+            if needs_model and d.model is None:
+                raise ValueError(f"drafter '{d.name}' of kind {d.kind.value} needs model: <key in models>")
+            if d.model is not None and d.model not in self.models:
+                raise ValueError(f"drafter '{d.name}' refers to model '{d.model}', not in models ({', '.join(self.models)})")
+            if d.kind == DrafterKind.self_spec and d.sink + d.window <= 0:
+                raise ValueError(f"drafter '{d.name}' (self_spec) needs sink + window > 0")
+        for k in self.acceptance:
+            if k not in names:
+                raise ValueError(f"acceptance given for unknown drafter '{k}' (drafters: {', '.join(names)})")
+        return self
+
+    # -- derived --------------------------------------------------------------------------------
+    @property
+    def drafter_names(self) -> list[str]:
+        return [d.name for d in self.drafters]
+
+    def drafter_cost(self, entry: DrafterEntry) -> DrafterCost:
+        model = self.models[entry.model].to_cost() if entry.model else None
+        return DrafterCost(entry.name, entry.kind, model, entry.cost_ms, entry.sink, entry.window)
+
+    def step_cost(self, drafters: list[str] | None = None) -> StepCostModel:
+        """The step cost model over the given drafters (default: all, in profile order)."""
+        entries = self.drafters if drafters is None else [self.drafter(n) for n in drafters]
+        return StepCostModel(self.models["target"].to_cost(), tuple(self.drafter_cost(e) for e in entries),
+                             self.overhead_ms)
+
+    def drafter(self, name: str) -> DrafterEntry:
+        for d in self.drafters:
+            if d.name == name:
+                return d
+        raise ConfigError(f"drafter '{name}' is not in profile {self.sku}/{self.pair}; it has: {', '.join(self.drafter_names)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(self.to_yaml())
+        tmp.replace(path)
+        return path
+
+
+def parse_profile(data: Any, where: str = "profile") -> Profile:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping with schema: {PROFILE_SCHEMA}, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != PROFILE_SCHEMA:
+        raise ConfigError(f"{where}: schema = {schema!r}; this version reads schema: {PROFILE_SCHEMA}")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(describe_validation_error(where, e)) from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile; every problem is a one-line ConfigError naming the value."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"profile file '{path}' does not exist; generate one with `specctl profile` or `specctl roofline`")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"profile '{path}' is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    return parse_profile(data, where=f"profile '{path}'")

@@ -1,0 +1,36 @@
+"""Shared fixtures: synthetic profiles with known coefficients (tests only; real profiles come from
+`specctl profile` and `specctl roofline`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from control.profile import parse_profile
+
+
+def make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0), ngram_ms=0.2, acceptance=None,
+                 max_batch=256, resid=0.0, **limits):
+    a, b, c = target
+    da, db, dc = draft
+    doc = {
+        "schema": "specctl.profile/v1",
+        "sku": "test",
+        "pair": "target+draft",
+        "source": "roofline",
+        "models": {
+            "target": {"a_ms_per_ctx_token": a, "b_ms_per_batched_token": b, "c_ms": c, "resid_std_ms": resid},
+            "draft": {"a_ms_per_ctx_token": da, "b_ms_per_batched_token": db, "c_ms": dc},
+        },
+        "drafters": [
+            {"name": "draft", "kind": "draft_model", "model": "draft"},
+            {"name": "ngram", "kind": "ngram", "cost_ms": ngram_ms, "confidences": False},
+        ],
+        "acceptance": acceptance or {"draft": 0.7, "ngram": 0.4},
+        "limits": {"max_batch": max_batch, **limits},
+    }
+    return parse_profile(doc)
+
+
+@pytest.fixture
+def profile():
+    return make_profile()
