@@ -1,5 +1,7 @@
-"""Shared fixtures: synthetic profiles with known coefficients (tests only; real profiles come from
-`specctl profile` and `specctl roofline`)."""
+"""Shared fixtures. Test areas live in subpackages (tests/core, tests/executor, tests/sim, ...).
+
+Synthetic profiles with known coefficients are for tests only; real profiles come from
+`specctl profile` and `specctl roofline`."""
 
 from __future__ import annotations
 
