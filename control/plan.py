@@ -399,9 +399,9 @@ def trtllm_schedule(plan: Plan, *, ctx: int, acc: float, max_batch: int | None =
     """Compile the plan into TensorRT-LLM's ``draft_len_schedule`` for one context and acceptance.
 
     TensorRT-LLM requires the smallest key to carry max_draft_len, so when the best k at batch 1 is
-    not the largest (long contexts, where k can grow with batch), we compare two legal schedules by
-    predicted goodput over all batch sizes: every value capped at k(1), or max_draft_len = max k with
-    the first segment raised to it; and keep the better.
+    not the largest (long contexts, where k can grow with batch), we compare the legal schedules by
+    predicted goodput summed over all batch sizes: every value capped at k(1); max_draft_len = max k
+    with the first segment raised to it; or no schedule (speculation off); and keep the best.
 
     ``one_model``: for one-model drafters (EAGLE3 one-model, MTP) k = 0 leaves the drafter's state
     stale and acceptance collapses when speculation resumes (TensorRT-LLM PR #16888, open at the time
@@ -421,7 +421,9 @@ def trtllm_schedule(plan: Plan, *, ctx: int, acc: float, max_batch: int | None =
     def score(k: np.ndarray) -> float:
         return float(np.sum(chain_expected(acc, k) / uniform_step_ms(cost, batches, ctx, k)))
 
-    candidates = []
+    # Candidate 0: no schedule at all (speculation off) - better when the forced first segment
+    # would speculate where the optimiser says it does not pay.
+    candidates = [] if one_model else [(score(np.zeros(max_batch)), 0, np.zeros(max_batch, dtype=np.int64))]
     for cap in sorted({int(want[0]), int(want.max())}):
         if cap <= 0:
             continue
@@ -432,6 +434,8 @@ def trtllm_schedule(plan: Plan, *, ctx: int, acc: float, max_batch: int | None =
         k[: first_end + 1] = cap
         candidates.append((score(k), cap, k))
     _, cap, k = max(candidates, key=lambda c: c[0])
+    if cap == 0:
+        return {}
     sched = compress_schedule(k)  # with one_model, k >= 1 throughout, so the last key is max_batch
     validate_trtllm_schedule(sched, cap)
     return sched

@@ -18,6 +18,7 @@ from control.goodput.optimizer import (
     Choice,
     Constraints,
     Curve,
+    admit_parametric,
     admit_slots,
     best_uniform_k,
     confidence_cuts,
@@ -28,7 +29,7 @@ from control.goodput.stepcost import DrafterCost, DrafterKind, StepCostModel
 
 __all__ = [
     "Choice", "Constraints", "Curve", "DrafterCost", "DrafterKind", "LinearCost", "RecursiveCost",
-    "StepCostModel", "admit_slots", "best_uniform_k", "chain_expected", "chain_survival",
+    "StepCostModel", "admit_parametric", "admit_slots", "best_uniform_k", "chain_expected", "chain_survival",
     "confidence_cuts", "confidence_survival", "expected_from_survival", "fit_linear_cost",
     "positional_expected", "slo_ok", "survival_from_rates", "tree_batched_tokens", "tree_expected",
     "uniform_curve",

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from control.errors import ConfigError
 
@@ -63,6 +62,8 @@ def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None) -> LinearCost:
         raise ConfigError(f"fit_linear_cost: {t.size} timing point(s); need at least 3 to fit a, b and c")
     if not (np.all(np.isfinite(t)) and np.all(t >= 0)):
         raise ConfigError("fit_linear_cost: timings must be finite and >= 0 ms")
+    from scipy.optimize import nnls
+
     X = np.stack([n_ctx, n_batched, p], axis=1)
     scale = np.abs(X).max(axis=0)
     scale[scale == 0] = 1.0
@@ -92,6 +93,8 @@ class RecursiveCost:
     ``forgetting`` in (0, 1]: 1 never forgets; 0.99 gives an effective memory of about 100
     observations. Features are normalised by fixed scales taken from the prior so the update is
     well conditioned. Reported coefficients are clipped at zero (a negative cost is never used).
+    The 3x3 update runs on plain floats: it sits on the per-step path, where numpy's per-call
+    overhead would dominate.
     """
 
     def __init__(self, prior: LinearCost, *, forgetting: float = 0.995, prior_weight: float = 10.0,
@@ -99,10 +102,11 @@ class RecursiveCost:
         if not (0.0 < forgetting <= 1.0):
             raise ConfigError(f"forgetting = {forgetting!r}: must be in (0, 1]")
         self.lam = float(forgetting)
-        self._scale = np.array([ctx_scale, batched_scale, 1.0])
-        self.theta = np.array([prior.a, prior.b, prior.c]) * self._scale
+        self._scale = (float(ctx_scale), float(batched_scale), 1.0)
+        self.theta = [prior.a * self._scale[0], prior.b * self._scale[1], prior.c]
         # Prior covariance: a prior worth ``prior_weight`` observations of the typical magnitude.
-        self.P = np.eye(3) / max(prior_weight, 1e-9) * max(float(np.abs(self.theta).max()), 1.0) ** 2
+        v = max(max(abs(x) for x in self.theta), 1.0) ** 2 / max(prior_weight, 1e-9)
+        self.P = [[v, 0.0, 0.0], [0.0, v, 0.0], [0.0, 0.0, v]]
         self.n = 0
         self._sq_err = 0.0
         self._abs_pct = 0.0
@@ -110,20 +114,25 @@ class RecursiveCost:
 
     def update(self, n_ctx: float, n_batched: float, t_ms: float, passes: float = 1.0) -> float:
         """Add one observation; returns the prediction error (measured - predicted) before the update."""
-        x = np.array([n_ctx, n_batched, passes]) / self._scale
-        pred = float(x @ self.theta)
-        err = float(t_ms) - pred
-        Px = self.P @ x
-        g = Px / (self.lam + float(x @ Px))
-        self.theta = self.theta + g * err
-        self.P = (self.P - np.outer(g, Px)) / self.lam
-        # Keep P symmetric and bounded (numerical hygiene under long runs with little excitation).
-        self.P = 0.5 * (self.P + self.P.T)
-        tr = np.trace(self.P)
+        x = (n_ctx / self._scale[0], n_batched / self._scale[1], float(passes))
+        th, P, lam = self.theta, self.P, self.lam
+        err = float(t_ms) - (x[0] * th[0] + x[1] * th[1] + x[2] * th[2])
+        Px = [P[i][0] * x[0] + P[i][1] * x[1] + P[i][2] * x[2] for i in range(3)]
+        denom = lam + x[0] * Px[0] + x[1] * Px[1] + x[2] * Px[2]
+        g = [v / denom for v in Px]
+        self.theta = [th[i] + g[i] * err for i in range(3)]
+        # P <- (P - g Px^T) / lam, kept symmetric and bounded under long runs with little excitation
+        newP = [[(P[i][j] - g[i] * Px[j]) / lam for j in range(3)] for i in range(3)]
+        for i in range(3):
+            for j in range(i + 1, 3):
+                newP[i][j] = newP[j][i] = 0.5 * (newP[i][j] + newP[j][i])
+        tr = newP[0][0] + newP[1][1] + newP[2][2]
         if tr > 1e12:
-            self.P *= 1e12 / tr
+            f = 1e12 / tr
+            newP = [[v * f for v in row] for row in newP]
+        self.P = newP
         self.n += 1
-        w = self.lam
+        w = lam
         self._sq_err = w * self._sq_err + (1 - w) * err * err if self.n > 1 else err * err
         if t_ms > 0:
             pct = abs(err) / t_ms * 100.0
@@ -136,11 +145,11 @@ class RecursiveCost:
         t = np.asarray(t_ms, dtype=np.float64).ravel()
         p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
         for i in range(t.size):
-            self.update(n_ctx[i], n_batched[i], t[i], p[i])
+            self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]))
 
     @property
     def cost(self) -> LinearCost:
-        a, b, c = np.maximum(self.theta / self._scale, 0.0)
+        a, b, c = (max(self.theta[i] / self._scale[i], 0.0) for i in range(3))
         return LinearCost(
             a=float(a), b=float(b), c=float(c),
             r2=self._prior.r2, mape=float(self._abs_pct) if self.n else self._prior.mape,

@@ -150,8 +150,9 @@ class RequestBeta:
         self.t[slots] = 0.0
 
     def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
-        np.add.at(self.s, slots, successes)
-        np.add.at(self.t, slots, trials)
+        """Slots are distinct within one step (one outcome per request)."""
+        self.s[slots] += successes
+        self.t[slots] += trials
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
         return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), 0.999)
@@ -199,8 +200,10 @@ def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarr
 
     logit(a[r, j]) = logit(position_rate[j]) + logit(request_rate[r]) - logit(pooled_rate): the
     request's rate shifts the whole per-position curve, which keeps its decay along the draft.
-    Shape (n, K).
+    Computed as a product of odds (no log/exp on the hot path). Shape (n, K).
     """
-    shift = logit(request_rate) - logit(pooled_rate)
-    a = sigmoid(logit(position_rates)[None, :] + shift[:, None])
-    return np.cumprod(a, axis=1)
+    pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
+    pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
+    r = np.clip(request_rate, 1e-6, 1 - 1e-6)
+    odds = (pos / (1.0 - pos))[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
+    return np.cumprod(odds / (1.0 + odds), axis=1)

@@ -3,11 +3,12 @@
 - ``uniform_curve`` / ``best_uniform_k``: step-level (SmartSpec Alg. 2, TurboSpec Listing 2), one k
   for the whole batch, scanned k = 0..K with KV-slot, token-budget and SLO feasibility, stopping at
   the first drop (goodput is unimodal in k, SpecServe section 4.3).
-- ``admit_slots``: request-level. Draft slots (r, j) are admitted in decreasing survival p[r, j];
-  the step's cost depends on the total slots S and the draft depth reached, so the best S maximises
-  (n + top-S survival sum) / T(S). O(nK log nK), vectorised. The same routine with the drafting cost
-  already paid is SpecServe's confidence prior verifier (drop the least likely tokens while
-  efficiency rises).
+- ``admit_parametric``: request-level, exact for the unconstrained problem (Dinkelbach's method on the
+  goodput ratio, separable per drafter and per request), warm-started from the previous step.
+- ``admit_slots``: request-level under binding KV/budget/SLO limits. Draft slots (r, j) are admitted in decreasing survival per
+  marginal cost; for each maximum draft depth the best prefix maximises (n + admitted survival) /
+  T. One O(nK log nK) sort plus vectorised scans. The same routine with the drafting cost already
+  paid is SpecServe's confidence prior verifier (drop the least likely tokens while efficiency rises).
 - ``slo_ok``: a choice whose predicted step time exceeds the TPOT SLO is infeasible (a request that
   only gets its bonus token sees the whole step as one token), in mean or quantile form. k = 0 is
   always allowed: it is the fallback, and speculation cannot rescue an SLO that plain decoding misses.
@@ -18,9 +19,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
-from scipy.stats import norm
 
 from control.goodput.stepcost import StepCostModel
 
@@ -38,7 +39,7 @@ class Constraints:
         """How much to add to a predicted mean step time before comparing with the SLO."""
         if self.slo_quantile is None or std_ms <= 0:
             return 0.0
-        return float(norm.ppf(self.slo_quantile)) * std_ms
+        return NormalDist().inv_cdf(self.slo_quantile) * std_ms
 
 
 def slo_ok(step_ms, cons: Constraints, std_ms: float = 0.0):
@@ -56,6 +57,7 @@ class Choice:
     tokens: float  # expected generated tokens in the step (bonus tokens included)
     step_ms: float
     plain_ms: float  # the same step without speculation, for comparison
+    next_cost: np.ndarray | None = None  # marginal ms of each request's next draft token, if known
 
     @property
     def goodput(self) -> float:
@@ -140,9 +142,34 @@ def best_uniform_k(cost: StepCostModel, ctx, surv, cap, cons: Constraints, draft
     return Choice(best_k, best_tok, best_t, plain)
 
 
+def _slot_costs(cost: StepCostModel, ctx, rows, cols, drafter, lag, draft_sunk):
+    """Marginal cost (ms) of each listed slot excluding per-depth and per-step constants."""
+    mc = np.full(rows.shape[0], cost.target.b)
+    if draft_sunk:
+        return mc
+    for d_idx, d in enumerate(cost.drafters):
+        if not d.has_passes:
+            continue
+        sel = drafter[rows] == d_idx
+        if not sel.any():
+            continue
+        r_sel, c_sel = rows[sel], cols[sel]
+        m = d.model
+        mc[sel] += m.a * (d.draft_ctx(ctx[r_sel]) + c_sel) + m.b + np.where(c_sel == 0, m.b * lag[r_sel], 0.0)
+    return mc
+
+
 def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=None, lag=None,
                 draft_sunk: bool = False) -> Choice:
-    """Request-level optimum: admit draft slots in decreasing survival while goodput rises.
+    """Request-level optimum: admit draft slots while predicted goodput rises.
+
+    Goodput (n + sum of admitted survivals) / (T_plain + sum of slot costs + per-depth pass costs) is a
+    ratio, so for a fixed draft depth D the best slot set is a prefix of the slots sorted by survival
+    per marginal cost (the order in which Dinkelbach's method admits them); survival falls and cost
+    rises along a request's draft, so every prefix admits each request's first slots first. The scan
+    covers every depth D = 1..K (uniform k = D for all requests is one of its prefixes, so the result
+    is never worse than the step-level optimum) and every prefix length, with KV-slot, token-budget
+    and SLO feasibility. One sort of the n*K slots plus O(K * n * K) vectorised work.
 
     Args:
         surv: (n, K) survival probabilities p[r, j], non-increasing in j.
@@ -157,50 +184,132 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
     zero = np.zeros(n, dtype=np.int64)
     if n == 0 or K == 0 or cap.max(initial=0) <= 0:
         return Choice(zero, float(n), plain, plain)
-    if drafter is None:
-        drafter = zero
+    drafter = zero if drafter is None else np.asarray(drafter, dtype=np.int64)
     lag_arr = np.zeros(n) if lag is None else np.asarray(lag, dtype=np.float64)
-
-    j = np.arange(K)
-    valid = j[None, :] < cap[:, None]
-    p = np.where(valid, surv, -1.0)
-    order = np.argsort(-p, axis=None, kind="stable")
-    n_valid = int(valid.sum())
-    s_max = min(n_valid, cons.free_kv_slots, max(cons.token_budget - n, 0))
-    if s_max <= 0:
+    s_lim = min(int(cons.free_kv_slots), int(cons.token_budget) - n)
+    if s_lim <= 0:
         return Choice(zero, float(n), plain, plain)
-    order = order[:s_max]
-    rows = order // K
-    cols = order % K
-    p_sorted = p.ravel()[order]
-    tokens = n + np.cumsum(p_sorted)
 
-    marginal = np.full(s_max, cost.target.b)
-    extra = np.zeros(s_max)
+    rows_all, cols_all = np.nonzero(np.arange(K)[None, :] < cap[:, None])
+    p_all = surv[rows_all, cols_all]
+    mc_all = _slot_costs(cost, ctx, rows_all, cols_all, drafter, lag_arr, draft_sunk)
+    # Rank by survival per cost, made non-increasing along each request's draft (a catch-up makes a
+    # request's first slot dearer than its second) so every prefix holds each request's first slots.
+    ratio = np.full((n, K), np.inf)
+    ratio[rows_all, cols_all] = p_all / np.maximum(mc_all, 1e-12)
+    key = np.minimum.accumulate(ratio, axis=1)[rows_all, cols_all]
+    order = np.argsort(-key, kind="stable")
+    rows, cols, p, mc = rows_all[order], cols_all[order], p_all[order], mc_all[order]
+
+    depth_max = int(cols.max()) + 1
+    D = np.arange(1, depth_max + 1)[:, None]  # candidate maximum depths
+    inside = cols[None, :] < D  # (depth_max, S): slot usable under depth cap D
+    count = np.cumsum(inside, axis=1)
+    tokens = n + np.cumsum(np.where(inside, p[None, :], 0.0), axis=1)
+    times = plain + np.cumsum(np.where(inside, mc[None, :], 0.0), axis=1)
     if not draft_sunk:
-        drafter = np.asarray(drafter, dtype=np.int64)
+        d_of = drafter[rows]
         for d_idx, d in enumerate(cost.drafters):
-            sel = drafter[rows] == d_idx
-            if not sel.any():
+            mine = (d_of == d_idx)[None, :] & inside
+            if not mine.any():
                 continue
-            if d.has_passes:
-                r_sel = rows[sel]
-                c_sel = cols[sel]
-                dctx = d.draft_ctx(ctx[r_sel])
-                m = d.model
-                mc = m.a * (dctx + c_sel) + m.b + np.where(c_sel == 0, m.b * lag_arr[r_sel], 0.0)
-                marginal[sel] += mc
-                depth = np.maximum.accumulate(np.where(sel, cols + 1, 0))
-                extra += d.depth_ms * depth
-            extra += d.const_ms * np.maximum.accumulate(sel.astype(np.float64))
-    times = plain + np.cumsum(marginal) + extra
-    ok = slo_ok(times, cons, cost.step_std_ms())
+            if d.has_passes and d.depth_ms:
+                times = times + d.depth_ms * np.maximum.accumulate(np.where(mine, cols[None, :] + 1, 0), axis=1)
+            if d.const_ms:
+                times = times + d.const_ms * np.maximum.accumulate(mine, axis=1)
+    ok = inside & (count <= s_lim) & slo_ok(times, cons, cost.step_std_ms())
     g = np.where(ok, tokens / times, -np.inf)
-    s_best = int(np.argmax(g))
-    if not np.isfinite(g[s_best]) or g[s_best] <= n / plain:
+    flat = int(np.argmax(g))
+    di, si = divmod(flat, g.shape[1])
+    if not np.isfinite(g[di, si]) or g[di, si] <= n / plain:
         return Choice(zero, float(n), plain, plain)
-    k = np.bincount(rows[: s_best + 1], minlength=n).astype(np.int64)
-    return Choice(k, float(tokens[s_best]), float(times[s_best]), plain)
+    take = inside[di, : si + 1]
+    k = np.bincount(rows[: si + 1][take], minlength=n).astype(np.int64)
+    return Choice(k, float(tokens[di, si]), float(times[di, si]), plain)
+
+
+def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=None, lag=None,
+                     g0: float | None = None, max_iter: int = 6) -> Choice:
+    """Request-level optimum by Dinkelbach's method, warm-started from a previous goodput ``g0``.
+
+    For a goodput level G the best slot set maximises sum(p - G * marginal cost) - G * (per-depth and
+    per-step drafting constants). That separates by drafter, and for a drafter's maximum depth D by
+    request (each takes its best prefix within D), so a cumulative sum over an (n, K) array and a scan
+    over D per drafter solve it exactly. Iterating G <- tokens / time of the chosen set (Dinkelbach)
+    converges to the best ratio, usually in one pass when G comes from the previous step. KV-slot,
+    token-budget and SLO limits are checked on the result; if one binds, the constrained scan
+    ``admit_slots`` decides instead. The returned ``next_cost`` (marginal ms of each request's next
+    draft token) gives the confidence cuts: one more token of survival p pays iff p > goodput * cost.
+    """
+    ctx = np.asarray(ctx, dtype=np.float64)
+    cap = np.asarray(cap, dtype=np.int64)
+    n, K = surv.shape
+    t_plain = cost.target
+    plain = t_plain.a * float(ctx.sum()) + t_plain.b * n + t_plain.c + cost.overhead_ms
+    zero = np.zeros(n, dtype=np.int64)
+    if n == 0 or K == 0 or cap.max(initial=0) <= 0:
+        return Choice(zero, float(n), plain, plain)
+    jj = np.arange(K)
+    valid = jj < cap[:, None]
+    # Marginal slot costs (n, K); per drafter group: rows, per-depth ms, per-step ms.
+    mc = np.empty((n, K))
+    if drafter is None or len(cost.drafters) == 1 or (drafter == drafter[0]).all():
+        groups = [(cost.drafters[0 if drafter is None else int(drafter[0])], slice(None))] if cost.drafters else []
+    else:
+        groups = [(d, drafter == i) for i, d in enumerate(cost.drafters)]
+        groups = [(d, sel) for d, sel in groups if sel.any()]
+    if not groups:
+        mc.fill(t_plain.b)
+    for d, sel in groups:
+        if d.has_passes:
+            m = d.model
+            mc[sel] = (t_plain.b + m.b + m.a * d.draft_ctx(ctx[sel]))[:, None] + m.a * jj
+            if lag is not None:
+                mc[sel, 0] += m.b * np.asarray(lag, dtype=np.float64)[sel]
+        else:
+            mc[sel] = t_plain.b
+    p = np.where(valid, surv, 0.0)
+    g = n / plain if g0 is None or not g0 > 0 else float(g0)
+    best = (zero, float(n), plain)
+    single = len(groups) == 1 and isinstance(groups[0][1], slice)
+    dd = np.arange(1, K + 1, dtype=np.float64)
+    for _ in range(max_iter):
+        run = np.cumsum(np.where(valid, p - g * mc, -np.inf), axis=1)  # value of prefix length j + 1
+        bp = np.maximum.accumulate(run, axis=1)  # best prefix within depth D = j + 1
+        k = zero if single else zero.copy()
+        extra = 0.0
+        for d, sel in groups:
+            bps = bp if single else bp[sel]
+            pos = bps > 0
+            value = np.where(pos, bps, 0.0).sum(axis=0) - g * (d.depth_ms * dd + d.const_ms) * pos.any(axis=0)
+            D = int(np.argmax(value))
+            if value[D] <= 0:
+                continue
+            runs = run if single else run[sel]
+            kd = np.where(bps[:, D] > 0, np.argmax(runs[:, : D + 1], axis=1) + 1, 0)
+            if single:
+                k = kd
+            else:
+                k[sel] = kd
+            extra += d.depth_ms * float(kd.max()) + d.const_ms
+        taken = jj < k[:, None]
+        tokens = n + float(p[taken].sum())
+        t = plain + float(mc[taken].sum()) + extra
+        g_new = tokens / t
+        if g_new > best[1] / best[2]:
+            best = (k, tokens, t)
+        if abs(g_new - g) <= 1e-9 * g:
+            break  # F(g) = 0: g is the optimal ratio
+        # From below Dinkelbach climbs monotonically; a stale warm start from above drops to the
+        # ratio of an actual choice (a lower bound) in one step and climbs from there.
+        g = g_new
+    k, tokens, t = best
+    total = int(k.sum())
+    if total > cons.free_kv_slots or n + total > cons.token_budget or (
+            total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
+        return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
+    nxt = np.take_along_axis(mc, np.minimum(k, K - 1)[:, None], axis=1)[:, 0]
+    return Choice(k, tokens, t, plain, next_cost=nxt)
 
 
 def confidence_cuts(cost: StepCostModel, ctx, choice: Choice, drafter=None) -> np.ndarray:

@@ -6,7 +6,7 @@ Per step:
 2. The drafter bandit (SPIN) picks each request's drafter when several are active.
 3. Survival p[r, j] combines the request's own Beta-posterior rate (shrunk to its category's or the
    drafter's pooled rate) with the drafter's per-position acceptance curve.
-4. ``admit_slots`` picks per-request k maximising (n + sum admitted p) / T(S) with the live cost
+4. ``admit_parametric`` picks per-request k maximising (n + sum admitted p) / T with the live cost
    model (real per-request contexts, so long contexts keep speculation alive at large batch), KV and
    token-budget limits, the SLO, and the catch-up cost of requests whose draft state lags.
 5. Where the drafter reports confidences, a marginal-cost cut stops each request's drafting early.
@@ -26,7 +26,7 @@ from control.goodput.estimators import (
     chain_trials,
     request_position_survival,
 )
-from control.goodput.optimizer import Constraints, admit_slots, confidence_cuts
+from control.goodput.optimizer import Constraints, admit_parametric
 from control.goodput.stepcost import DrafterCost, StepCostModel
 from control.plan import threshold_batch
 from control.policy.bandit import DrafterBandit
@@ -60,6 +60,7 @@ class AdaptivePolicy(BasePolicy):
         g = ctx.gate
         self.gate = Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps)
         self._zero_run = 0
+        self._g: float | None = None  # last step's predicted goodput: the optimiser's warm start
         b = ctx.bandit
         caps = None
         if b.capacities:
@@ -130,7 +131,8 @@ class AdaptivePolicy(BasePolicy):
         surv = self.survival(view, d_ctx)
         c = self.ctx.cons
         cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
-        choice = admit_slots(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx, lag=lag)
+        choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx, lag=lag, g0=self._g)
+        self._g = choice.goodput
         if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0:
             self._zero_run += 1
             if self._zero_run >= max(self.gate.min_dwell, 1):
@@ -138,8 +140,10 @@ class AdaptivePolicy(BasePolicy):
         else:
             self._zero_run = 0
         conf_cut = None
-        if self.ctx.confidences[d_ctx].any():
-            conf_cut = np.where(self.ctx.confidences[d_ctx], confidence_cuts(self.cost, view.ctx_lens, choice, d_ctx), 0.0)
+        if choice.next_cost is not None and self.ctx.confidences.any():
+            conf_cut = np.minimum(choice.goodput * choice.next_cost, 1.0)
+            if not self.ctx.confidences.all():
+                conf_cut = np.where(self.ctx.confidences[d_ctx], conf_cut, 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
 

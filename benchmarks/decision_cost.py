@@ -1,0 +1,109 @@
+"""Decision cost per engine step vs the modelled step time (the fast loop must cost < 1% of a step).
+
+    python benchmarks/decision_cost.py [--profile profiles/h100/llama-3.1-8b+llama-3.2-1b.yaml]
+        [--batches 1,32,256] [--max-k 8] [--policies adaptive,smartspec,...] [--ctx 2048] [--json OUT]
+
+For each batch size it builds a realistic StepView (mixed contexts around --ctx, a mix of drafters,
+some lagging requests), runs decide + observe on steady state for many steps, and reports the median
+and p99 wall time next to the profile's predicted time for the step the policy chose. Timings on a
+shared machine are noisy: the ratio is what matters and is measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from control.plan import compile_plan  # noqa: E402
+from control.policy import StepOutcome, StepView, build_policy  # noqa: E402
+from control.profile import load_profile  # noqa: E402
+
+DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "h100" / "llama-3.1-8b+llama-3.2-1b.yaml"
+
+
+def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    pol = build_policy(policy_name, plan, seed=seed)
+    drafters = tuple(plan.drafters)
+    m = len(drafters)
+    ctx_lens = rng.integers(max(ctx // 4, 16), ctx * 2, batch)
+    lag = np.zeros((batch, m), dtype=np.int64)
+    lag[rng.random(batch) < 0.1, 0] = 40
+    view = StepView.build(slots=np.arange(batch), request_ids=np.arange(batch), ctx_lens=ctx_lens,
+                          remaining=np.full(batch, 10**6), drafters=drafters, max_k=plan.max_k,
+                          free_kv_slots=10**7, token_budget=10**7, draft_lag=lag)
+    rates = rng.uniform(0.3, 0.95, batch)
+    decide_s, observe_s, step_ms = [], [], []
+    for step in range(steps):
+        view.step = step
+        view.ctx_lens += 1
+        t0 = time.perf_counter()
+        d = pol.decide(view)
+        t1 = time.perf_counter()
+        k = d.k
+        acc = np.minimum(rng.geometric(1 - rates) - 1, k)
+        conf = None
+        out = StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=d.drafter, ctx_lens=view.ctx_lens,
+                          drafted=k, verified=k, accepted=acc, confidence=conf, verify_ms=10.0, draft_ms=2.0,
+                          total_ms=12.0, draft_passes=int(k.max(initial=0)), draft_ctx_tokens=int(view.ctx_lens.sum()),
+                          draft_batched_tokens=int(k.sum()), step=step)
+        t2 = time.perf_counter()
+        pol.observe(out)
+        t3 = time.perf_counter()
+        decide_s.append(t1 - t0)
+        observe_s.append(t3 - t2)
+        cost = plan.profile.step_cost(list(drafters))
+        step_ms.append(cost.step_ms(view.ctx_lens, k, np.maximum(d.drafter, 0)))
+    warm = steps // 5
+    dec = np.array(decide_s[warm:]) * 1e6
+    obs = np.array(observe_s[warm:]) * 1e6
+    total = dec + obs
+    model_ms = float(np.median(step_ms[warm:]))
+    return {
+        "policy": policy_name, "batch": batch, "decide_us_p50": float(np.median(dec)), "observe_us_p50": float(np.median(obs)),
+        "total_us_p50": float(np.median(total)), "total_us_p99": float(np.percentile(total, 99)),
+        "modelled_step_ms": model_ms, "share_pct": float(np.median(total)) / (model_ms * 1000) * 100,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default=str(DEFAULT_PROFILE))
+    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--max-k", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--policies", default="adaptive,smartspec,turbospec,specserve,static-schedule,fixed:3")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if not Path(args.profile).is_file():
+        print(f"decision_cost: profile '{args.profile}' not found; generate it with "
+              "`specctl roofline --sku h100 --target llama-3.1-8b --draft llama-3.2-1b --out ...` or pass --profile",
+              file=sys.stderr)
+        return 2
+    profile = load_profile(args.profile)
+    plan = compile_plan(profile.model_copy(update={"limits": profile.limits.model_copy(update={"max_batch": 512})}),
+                        max_k=args.max_k)
+    rows = []
+    for b in (int(x) for x in args.batches.split(",")):
+        for p in args.policies.split(","):
+            rows.append(bench(p, plan, b, args.ctx, args.steps))
+    print(f"profile {profile.sku}/{profile.pair} ({profile.source}), K={args.max_k}, ctx ~{args.ctx}")
+    print(f"{'policy':18s} {'batch':>5s} {'decide us':>10s} {'observe us':>11s} {'p99 us':>8s} {'step ms':>8s} {'share':>7s}")
+    for r in rows:
+        print(f"{r['policy']:18s} {r['batch']:5d} {r['decide_us_p50']:10.1f} {r['observe_us_p50']:11.1f} "
+              f"{r['total_us_p99']:8.1f} {r['modelled_step_ms']:8.2f} {r['share_pct']:6.2f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""Cost model fitting: NNLS recovers coefficients; RLS tracks a drifting system."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from control.errors import ConfigError
+from control.goodput.cost import LinearCost, RecursiveCost, fit_linear_cost
+from control.goodput.stepcost import DrafterCost, DrafterKind, StepCostModel, uniform_step_ms
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    a=st.floats(1e-7, 1e-3),
+    b=st.floats(1e-4, 0.5),
+    c=st.floats(0.1, 20.0),
+    noise=st.floats(0.0, 0.03),
+    seed=st.integers(0, 1000),
+)
+def test_fit_recovers_coefficients_from_noisy_timings(a, b, c, noise, seed):
+    rng = np.random.default_rng(seed)
+    batch = rng.integers(1, 256, 200)
+    ctx = batch * rng.integers(64, 8192, 200)
+    tok = batch * rng.integers(1, 9, 200)
+    t = a * ctx + b * tok + c
+    t_noisy = t * (1 + noise * rng.standard_normal(t.size))
+    fit = fit_linear_cost(ctx, tok, t_noisy)
+    # Each term's contribution at the grid's median point is recovered to within a few noise levels.
+    mid_ctx, mid_tok = np.median(ctx), np.median(tok)
+    scale = a * mid_ctx + b * mid_tok + c
+    for got, want in ((fit.a * mid_ctx, a * mid_ctx), (fit.b * mid_tok, b * mid_tok), (fit.c, c)):
+        assert abs(got - want) <= 0.02 * scale + 8 * noise * scale
+    if noise == 0:
+        assert fit.r2 > 0.999 and fit.mape < 0.5
+    pred = fit.predict(ctx, tok)
+    assert np.mean(np.abs(pred - t) / t) < 0.02 + 3 * noise
+
+
+def test_fit_never_returns_negative_coefficients():
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(100, 10_000, 50)
+    tok = rng.integers(1, 64, 50)
+    t = 5.0 - 1e-4 * ctx + 0.1 * tok  # a negative true slope: NNLS clips it to 0
+    fit = fit_linear_cost(ctx, tok, np.maximum(t, 0.1))
+    assert min(fit.a, fit.b, fit.c) >= 0
+
+
+def test_fit_rejects_bad_input():
+    with pytest.raises(ConfigError, match="at least 3"):
+        fit_linear_cost([1, 2], [1, 2], [1, 2])
+    with pytest.raises(ConfigError, match="finite"):
+        fit_linear_cost([1, 2, 3], [1, 2, 3], [1, np.nan, 3])
+    with pytest.raises(ConfigError, match="coefficient a"):
+        LinearCost(-1.0, 0.0, 0.0)
+
+
+def test_recursive_fit_tracks_a_drifting_system():
+    rng = np.random.default_rng(1)
+    true = np.array([2e-5, 0.02, 6.0])
+    rls = RecursiveCost(LinearCost(*true), forgetting=0.98)
+    for step in range(3000):
+        if step == 1000:
+            true = true * np.array([1.0, 1.6, 1.3])  # the GPU slowed down (e.g. throttling)
+        B = rng.integers(1, 128)
+        ctx = B * rng.integers(100, 4000)
+        tok = B * rng.integers(1, 6)
+        t = true @ [ctx, tok, 1.0] * (1 + 0.02 * rng.standard_normal())
+        rls.update(ctx, tok, t)
+    c = rls.cost
+    # After the drift the online model predicts the new system, not the old one.
+    for B, S, T in ((1, 500, 1), (32, 2000, 4), (128, 4000, 2)):
+        want = true @ [B * S, B * T, 1.0]
+        assert abs(c.predict(B * S, B * T) - want) / want < 0.05
+
+
+def test_step_cost_composition_per_drafter_kind():
+    target = LinearCost(1e-4, 0.05, 5.0)
+    dm = DrafterCost("d", DrafterKind.draft_model, LinearCost(1e-5, 0.01, 1.0))
+    ng = DrafterCost("n", DrafterKind.ngram, const_ms=0.3)
+    ss = DrafterCost("s", DrafterKind.self_spec, LinearCost(1e-4, 0.05, 5.0), sink=4, window=60)
+    ctx = np.array([1000.0, 3000.0])
+    k = np.array([3, 1])
+    verify = target.predict(4000, 6)
+    # draft model: depth 1 both (ctx 1000+3000), depth 2 and 3 only the first (1001, 1002)
+    draft = 1e-5 * (4000 + 1001 + 1002) + 0.01 * 4 + 1.0 * 3
+    m = StepCostModel(target, (dm, ng, ss))
+    assert m.step_ms(ctx, k, np.array([0, 0])) == pytest.approx(verify + draft)
+    assert m.step_ms(ctx, k, np.array([1, 1])) == pytest.approx(verify + 0.3)
+    # self-spec: draft context capped at sink + window = 64 per request
+    selfd = 1e-4 * (64 + 64 + 65 + 66) + 0.05 * 4 + 5.0 * 3
+    assert m.step_ms(ctx, k, np.array([2, 2])) == pytest.approx(verify + selfd)
+    # catch-up: a lag of 50 tokens on the first request adds 50 batched tokens to its first draft pass
+    assert m.step_ms(ctx, k, np.array([0, 0]), lag=np.array([50, 0])) == pytest.approx(verify + draft + 0.01 * 50)
+    # closed form for homogeneous batches agrees with the general path
+    one = StepCostModel(target, (dm,))
+    for B, S, kk in ((1, 100, 0), (8, 2000, 3), (64, 500, 7)):
+        assert float(uniform_step_ms(one, B, S, kk)) == pytest.approx(one.step_ms(np.full(B, S), np.full(B, kk)))

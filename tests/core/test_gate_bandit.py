@@ -1,0 +1,98 @@
+"""The on/off gate and the drafter bandit."""
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from control.policy.bandit import DrafterBandit
+from control.policy.gate import Gate
+
+
+def test_gate_makes_O1_transitions_when_batch_oscillates_around_the_threshold():
+    for dwell in (0, 16):
+        g = Gate(b_off=32, b_on_ratio=0.75, min_dwell_steps=dwell, probe_every_steps=10**9)
+        for step in range(10_000):
+            g.update(31 if step % 2 else 33, step)  # flips across b_off every step
+        assert g.transitions == 1 and not g.on
+        # a gate without hysteresis would flip ~10,000 times; ours only turns on again below b_on
+        for step in range(10_000, 10_100):
+            g.update(23, step)
+        assert g.on and g.transitions == 2
+
+
+def test_gate_respects_min_dwell_and_never_turns_off_without_threshold():
+    g = Gate(b_off=10, min_dwell_steps=5, probe_every_steps=10**9)
+    assert g.update(11, 0) is False  # off at once (first switch)
+    assert g.update(1, 2) is False  # still dwelling
+    assert g.update(1, 5) is True
+    never = Gate(b_off=None)
+    assert all(never.update(b, s) for s, b in enumerate(range(1, 5000)))
+
+
+def test_gate_retune_moves_thresholds_and_probes_are_periodic():
+    g = Gate(b_off=16, probe_every_steps=100)
+    assert [s for s in range(1, 450) if g.probe_due(s)] == [100, 200, 300, 400]
+    g.retune(64)
+    assert g.b_off == 64 and g.b_on == 48
+
+
+def _stationary_instance(seed, n=12, m=3):
+    rng = np.random.default_rng(seed)
+    means = rng.uniform(0.5, 2.0, (n, m))
+    cap = np.array([5, 5, 4])
+    cols = np.repeat(np.arange(m), cap)
+    r, c = linear_sum_assignment(means[:, cols], maximize=True)
+    best = means[r, cols[c]].sum()
+    return rng, means, cap, best
+
+
+def _run_bandit(seed, T):
+    rng, means, cap, best = _stationary_instance(seed)
+    random_regret = best - means.mean(axis=1).sum()
+    n = means.shape[0]
+    b = DrafterBandit(3, cap, explore_slots=24, chunk_slots=6, switch_cost_weight=0.0, seed=seed)
+    slots = np.arange(n)
+    regret = np.zeros(T)
+    for t in range(T):
+        a = b.assign(slots)
+        assert (np.bincount(a, minlength=3) <= cap).all()
+        reward = means[slots, a] + 0.3 * rng.standard_normal(n)
+        b.update(slots, a, reward)
+        regret[t] = best - means[slots, a].sum()
+    return np.cumsum(regret), random_regret
+
+
+def test_bandit_regret_grows_sublinearly_on_a_stationary_instance():
+    T = 6000
+    for seed in range(3):
+        cum, random_regret = _run_bandit(seed, T)
+        # average regret per slot keeps falling: late slots cost far less than early ones
+        early = cum[T // 8] / (T // 8)
+        late = (cum[-1] - cum[T // 2]) / (T - T // 2)
+        assert late < 0.35 * early
+        # and the total is far below what uniform random assignment would cost
+        assert cum[-1] < 0.25 * random_regret * T
+
+
+def test_bandit_prefers_not_switching_when_switching_is_costly():
+    n, m = 8, 2
+    slots = np.arange(n)
+    b = DrafterBandit(m, None, explore_slots=4, chunk_slots=4, switch_cost_weight=1.0, seed=0)
+    # learn that drafter 1 is marginally better for everyone
+    for _ in range(200):
+        a = b.assign(slots, np.zeros((n, m)))
+        b.update(slots, a, np.where(a == 1, 1.05, 1.0))
+    before = b.switches
+    for _ in range(400):
+        a = b.assign(slots, np.full((n, m), 10.0))  # a switch costs more than it could ever gain
+        b.update(slots, a, np.where(a == 1, 1.05, 1.0))
+    exploit_switches = b.switches - before
+    # exploration stages still switch (that is the point of them), exploitation stages do not
+    cheap = DrafterBandit(m, None, explore_slots=4, chunk_slots=4, switch_cost_weight=0.0, seed=0)
+    for _ in range(200):
+        a = cheap.assign(slots, np.zeros((n, m)))
+        cheap.update(slots, a, np.where(a == 1, 1.05, 1.0))
+    before_cheap = cheap.switches
+    for _ in range(400):
+        a = cheap.assign(slots, np.full((n, m), 10.0))
+        cheap.update(slots, a, np.where(a == 1, 1.05, 1.0))
+    assert exploit_switches < cheap.switches - before_cheap

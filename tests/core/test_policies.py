@@ -1,0 +1,189 @@
+"""Policies: valid decisions on any view, and the behaviour each one promises."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from control.errors import ConfigError
+from control.plan import GateParams, compile_plan
+from control.policy import StepOutcome, StepView, build_policy, parse_policy_spec
+from tests.conftest import make_profile
+
+LIVE = ["none", "fixed:0", "fixed:3", "fixed:16", "smartspec", "turbospec", "specserve", "hf-heuristic",
+        "static-schedule", "static-schedule:1=4,8=2,32=1", "static-schedule:maxconc=8", "adaptive"]
+DRAFTERS = ("draft", "ngram")
+
+
+def _view(rng, n, step=1, max_k=8, ctx=None, lag=None, rid0=0, drafters=DRAFTERS, **kw):
+    return StepView.build(
+        slots=np.arange(n), request_ids=np.arange(n) + rid0,
+        ctx_lens=rng.integers(16, 4000, n) if ctx is None else np.broadcast_to(ctx, n),
+        remaining=rng.integers(1, 200, n), k_cap=rng.integers(0, max_k + 1, n), drafters=drafters, max_k=max_k,
+        free_kv_slots=kw.pop("free_kv_slots", 10**6), token_budget=kw.pop("token_budget", 10**6), step=step,
+        draft_lag=lag, **kw)
+
+
+def _outcome(view, d, accepted, conf=None):
+    k = d.k
+    return StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=d.drafter, ctx_lens=view.ctx_lens,
+                       drafted=k, verified=k, accepted=np.minimum(accepted, k), confidence=conf,
+                       verify_ms=10.0, draft_ms=2.0, total_ms=12.0, draft_passes=int(k.max(initial=0)),
+                       draft_ctx_tokens=int(view.ctx_lens.sum()), draft_batched_tokens=int(k.sum()), step=view.step)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return compile_plan(make_profile(), max_k=8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(0, 300), budget=st.integers(0, 3000))
+def test_every_policy_returns_a_valid_decision(seed, n, budget):
+    plan = compile_plan(make_profile(), max_k=8)
+    rng = np.random.default_rng(seed)
+    for spec in LIVE:
+        pol = build_policy(spec, plan, seed=seed)
+        for step in range(3):
+            v = _view(rng, n, step=step, free_kv_slots=budget, token_budget=n + budget)
+            d = pol.decide(v)
+            cap = np.maximum(np.minimum(np.minimum(v.k_cap, v.remaining - 1), 8), 0)
+            assert d.k.shape == (n,) and d.drafter.shape == (n,), spec
+            assert (d.k >= 0).all() and (d.k <= cap).all(), spec
+            assert ((d.drafter >= 0) & (d.drafter < len(DRAFTERS))).all(), spec
+            if spec not in ("none", "fixed:0", "fixed:3", "fixed:16", "hf-heuristic") and not spec.startswith("static"):
+                assert d.k.sum() <= budget, spec  # goodput policies respect KV slots and token budget
+            if d.conf_cut is not None:
+                assert d.conf_cut.shape == (n,) and ((d.conf_cut >= 0) & (d.conf_cut <= 1)).all()
+            pol.observe(_outcome(v, d, rng.integers(0, 9, n)))
+
+
+def test_force_off_plan_turns_every_policy_off():
+    plan = compile_plan(make_profile(), max_k=8, force_off=True)
+    rng = np.random.default_rng(0)
+    for spec in LIVE:
+        d = build_policy(spec, plan).decide(_view(rng, 16))
+        assert d.k.max() == 0, spec
+
+
+def test_unknown_policy_names_are_rejected_with_the_accepted_list():
+    for bad in ("bogus", "fixed", "fixed:x", "fixed:99", "adaptive:3", "static-schedule:1=x", ""):
+        with pytest.raises(ConfigError, match="accepted|fixed needs|above the limit|BATCH=K|empty"):
+            parse_policy_spec(bad)
+
+
+def test_hf_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise(plan):
+    pol = build_policy("hf-heuristic", plan)
+    v = StepView.build(slots=[0, 1], request_ids=[1, 2], ctx_lens=[100, 100], remaining=[100, 100],
+                       drafters=DRAFTERS, max_k=8, free_kv_slots=10**6, token_budget=10**6)
+    d = pol.decide(v)
+    assert list(d.k) == [5, 5]
+    pol.observe(_outcome(v, d, np.array([5, 2])))
+    assert list(pol.decide(v).k) == [7, 4]
+    for _ in range(10):
+        d = pol.decide(v)
+        pol.observe(_outcome(v, d, np.array([8, 0])))
+    assert list(pol.decide(v).k) == [8, 1]
+
+
+def test_static_schedule_uses_tensorrt_llm_lookup(plan):
+    pol = build_policy("static-schedule:4=4,8=2,32=1", plan)
+    rng = np.random.default_rng(1)
+    for n, want in ((1, 4), (4, 4), (5, 2), (32, 1), (33, 0)):
+        v = _view(rng, n)
+        v.k_cap[:] = 8
+        v.remaining[:] = 100
+        assert pol.decide(v).k.max() == want
+    mc = build_policy("static-schedule:maxconc=8", plan)
+    assert mc.decide(_view(rng, 9)).k.max() == 0
+
+
+def test_turbospec_records_disable_threshold_skips_prefill_and_resets(plan):
+    pol = build_policy("turbospec", plan)
+    big = StepView.build(slots=np.arange(400), request_ids=np.arange(400), ctx_lens=np.full(400, 100),
+                         remaining=np.full(400, 100), drafters=DRAFTERS, max_k=8, free_kv_slots=0, token_budget=10**6)
+    d = pol.decide(big)  # no free KV slots: k = 0, threshold recorded at 400
+    assert d.k.max() == 0 and pol.disable_batch_size == 400
+    bigger = StepView.build(slots=np.arange(401), request_ids=np.arange(401), ctx_lens=np.full(401, 100),
+                            remaining=np.full(401, 100), drafters=DRAFTERS, max_k=8, free_kv_slots=10**6, token_budget=10**6)
+    skipped = [pol.decide(bigger).prefill_draft for _ in range(pol.RESET_STEPS)]
+    assert not any(skipped[:-1])
+    assert pol.disable_batch_size == float("inf")  # reset after RESET_STEPS skips
+    assert pol.decide(bigger).prefill_draft
+
+
+def test_smartspec_stops_draft_prefill_when_most_steps_do_not_speculate(plan):
+    pol = build_policy("smartspec", plan)
+    v = StepView.build(slots=np.arange(8), request_ids=np.arange(8), ctx_lens=np.full(8, 100),
+                       remaining=np.full(8, 100), drafters=DRAFTERS, max_k=8, free_kv_slots=0, token_budget=10**6)
+    for _ in range(20):
+        d = pol.decide(v)
+    assert d.k.max() == 0 and not d.prefill_draft
+
+
+def test_adaptive_gives_longer_drafts_to_requests_that_accept_more(plan):
+    pol = build_policy("adaptive", plan)
+    rng = np.random.default_rng(2)
+    v = StepView.build(slots=[0, 1], request_ids=[10, 11], ctx_lens=[500, 500], remaining=[500, 500],
+                       drafters=DRAFTERS, max_k=8, free_kv_slots=10**6, token_budget=10**6)
+    for step in range(60):
+        v.step = step
+        d = pol.decide(v)
+        pol.observe(_outcome(v, d, np.array([8, 0])))  # request 10 accepts everything, 11 nothing
+    d = pol.decide(v)
+    assert d.k[0] > d.k[1]
+    assert d.k[0] >= 4
+    # a new request in slot 1 starts from the prior again, not from its predecessor's record
+    v2 = StepView.build(slots=[0, 1], request_ids=[10, 12], ctx_lens=[500, 500], remaining=[500, 500],
+                        drafters=DRAFTERS, max_k=8, free_kv_slots=10**6, token_budget=10**6, step=61)
+    assert pol.decide(v2).k[1] > d.k[1]
+    del rng
+
+
+def test_adaptive_is_context_aware_at_large_batch():
+    """With KV-dominated costs, long contexts keep speculation alive at a batch where short ones stop."""
+    plan = compile_plan(make_profile(target=(4e-5, 0.04, 7.0), draft=(2e-6, 0.004, 0.9), max_batch=512),
+                        max_k=8, gate=GateParams(b_off=None))
+    rng = np.random.default_rng(3)
+    short = build_policy("adaptive", plan).decide(_view(rng, 256, ctx=200))
+    long_ = build_policy("adaptive", plan).decide(_view(rng, 256, ctx=30000))
+    smart_long = build_policy("smartspec", plan).decide(_view(rng, 256, ctx=30000))
+    assert long_.k.sum() > short.k.sum()
+    assert long_.k.sum() > 0 and smart_long.k.sum() > 0  # the optimiser is context aware in both
+
+
+def test_adaptive_keeps_lagging_requests_plain_beyond_the_catchup_limit():
+    plan = compile_plan(make_profile(), max_k=8, gate=GateParams(max_catchup_tokens=100))
+    pol = build_policy("adaptive", plan)
+    lag = np.array([[0, 0], [5000, 0], [50, 0]])
+    v = StepView.build(slots=[0, 1, 2], request_ids=[1, 2, 3], ctx_lens=[500] * 3, remaining=[100] * 3,
+                       drafters=("draft",), max_k=8, free_kv_slots=10**6, token_budget=10**6,
+                       draft_lag=lag[:, :1])
+    d = pol.decide(v)
+    assert d.k[1] == 0 and d.k[0] > 0
+
+
+def test_adaptive_gate_switches_off_above_threshold_and_skips_draft_prefill():
+    plan = compile_plan(make_profile(), max_k=8, gate=GateParams(b_off=32, min_dwell_steps=0, probe_every_steps=10**6))
+    pol = build_policy("adaptive", plan)
+    rng = np.random.default_rng(4)
+    d = pol.decide(_view(rng, 64, step=1))
+    assert d.k.max() == 0 and not d.prefill_draft
+    d = pol.decide(_view(rng, 40, step=2))  # between b_on (24) and b_off: stays off
+    assert d.k.max() == 0
+    d = pol.decide(_view(rng, 8, step=3))
+    assert d.prefill_draft
+
+
+def test_specserve_prunes_unlikely_tails():
+    # verification tokens cost real time here (compute-bound target), so unlikely tails are not worth it
+    plan = compile_plan(make_profile(target=(1e-6, 1.0, 5.0)), max_k=8)
+    pol = build_policy("specserve", plan)
+    v = StepView.build(slots=[0, 1], request_ids=[1, 2], ctx_lens=[500, 500], remaining=[100, 100],
+                       drafters=DRAFTERS, max_k=8, free_kv_slots=10**6, token_budget=10**6)
+    d = pol.decide(v)
+    conf = np.full((2, 8), np.nan)
+    conf[0, :5] = 0.99
+    conf[1, :5] = [0.9, 0.05, 0.9, 0.9, 0.9]
+    keep = pol.prune(v, d, np.array([5, 5]), conf)
+    assert keep[0] == 5 and keep[1] <= 1
