@@ -1,0 +1,211 @@
+"""Start and stop a real ``tritonserver``: the nvidia-pytriton wheel's on CPU hosts, the NGC
+container's on GPU hosts.
+
+What it takes to run the wheel's server reliably (each learned the hard way):
+- The Python backend's stub must match the interpreter: the run directory gets a backend directory
+  whose ``python/`` holds links to the wheel's backend library, its utils module and the stub for
+  this Python version (a link, so the stub's $ORIGIN-relative rpath still finds its CUDA runtime).
+- The stub must load this interpreter's libpython, not another one on the system, or models fail
+  with ``'_thread.RLock' object has no attribute '_recursion_count'``: LIBDIR goes first on
+  LD_LIBRARY_PATH, and the venv's ``bin`` first on PATH.
+- A stub that cannot load its libraries makes the server hang forever instead of failing, so
+  readiness is always polled with a deadline, and the log is read back on failure.
+- HTTP, gRPC and metrics bind to loopback unless told otherwise; ``--exit-on-error=true``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from control.errors import MissingDependencyError, SpecctlError
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    python_backend: Path  # directory with libtriton_python.so and triton_python_backend_utils.py
+    stub: Path | None  # stub for this interpreter (wheel installs); None: the backend dir has one
+    libs: Path | None  # extra shared libraries the wheel bundles
+
+
+def find_tritonserver() -> TritonInstall:
+    """Locate tritonserver: $SPECCTL_TRITONSERVER, the nvidia-pytriton wheel, or /opt/tritonserver."""
+    env = os.environ.get("SPECCTL_TRITONSERVER")
+    if env:
+        b = Path(env)
+        if not b.is_file():
+            raise MissingDependencyError(f"SPECCTL_TRITONSERVER={env} is not a file; point it at a tritonserver binary")
+        return TritonInstall(b, b.parent.parent / "backends" / "python", None, None)
+    try:
+        import pytriton  # noqa: F401  (nvidia-pytriton)
+
+        root = Path(sys.modules["pytriton"].__file__).parent / "tritonserver"
+    except ImportError:
+        root = None
+    if root is not None and (root / "bin" / "tritonserver").is_file():
+        ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+        if not stub.is_file():
+            raise MissingDependencyError(
+                f"the nvidia-pytriton wheel has no Python backend stub for Python {ver}; use Python 3.8-3.13"
+            )
+        libs = root.parent.parent / "nvidia_pytriton.libs"
+        return TritonInstall(root / "bin" / "tritonserver", root / "backends" / "python", stub,
+                             libs if libs.is_dir() else None)
+    opt = Path("/opt/tritonserver/bin/tritonserver")
+    if opt.is_file():
+        return TritonInstall(opt, opt.parent.parent / "backends" / "python", None, None)
+    raise MissingDependencyError(
+        "tritonserver not found: on a CPU host install it with `pip install nvidia-pytriton==0.7.0` "
+        "(or `make setup`); on a GPU host use the NGC Triton TensorRT-LLM container or set SPECCTL_TRITONSERVER"
+    )
+
+
+def prepare_backends(install: TritonInstall, run_dir: Path) -> Path:
+    """A backend directory for this run whose python backend uses this interpreter's stub."""
+    backends = run_dir / "backends"
+    py = backends / "python"
+    if py.exists():
+        shutil.rmtree(py)
+    py.mkdir(parents=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        src = install.python_backend / name
+        if not src.exists():
+            raise MissingDependencyError(f"Triton's Python backend is incomplete: {src} is missing")
+        (py / name).symlink_to(src)
+    stub = install.stub or install.python_backend / "triton_python_backend_stub"
+    (py / "triton_python_backend_stub").symlink_to(stub)
+    return backends
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_ports(ports: dict[str, int], host: str = "127.0.0.1") -> None:
+    taken = [f"{name} port {p}" for name, p in ports.items() if not port_free(p, host)]
+    if taken:
+        raise SpecctlError(f"{', '.join(taken)} already in use on {host}; pick another with --{'-'.join(taken[0].split()[:2])} or stop what holds it")
+
+
+def server_env(install: TritonInstall, extra_pythonpath: list[str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    libdirs = [sysconfig.get_config_var("LIBDIR") or ""]
+    if install.libs is not None:
+        libdirs.append(str(install.libs))
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([d for d in libdirs if d] + [env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+    if extra_pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(extra_pythonpath + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+class TritonServer:
+    """A tritonserver process over a model repository; use as a context manager."""
+
+    def __init__(self, model_repo: Path, run_dir: Path, *, http_port: int, grpc_port: int, metrics_port: int,
+                 host: str = "127.0.0.1", pythonpath: list[str] | None = None, extra_args: list[str] | None = None,
+                 install: TritonInstall | None = None) -> None:
+        self.model_repo = Path(model_repo)
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self.ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
+        self.install = install or find_tritonserver()
+        self.pythonpath = pythonpath or []
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.run_dir / "tritonserver.log"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports['grpc']}"
+
+    def start(self, timeout_s: float = 120.0) -> TritonServer:
+        check_ports(self.ports, self.host)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        backends = prepare_backends(self.install, self.run_dir) if self.install.stub else self.install.python_backend.parent
+        cmd = [
+            str(self.install.binary), f"--model-repository={self.model_repo}", f"--backend-directory={backends}",
+            f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
+            f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
+            f"--metrics-port={self.ports['metrics']}", "--exit-on-error=true", "--log-verbose=0", *self.extra_args,
+        ]
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the process for its lifetime
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(self.install, self.pythonpath),
+                                     start_new_session=True)
+        log.close()
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise SpecctlError(f"tritonserver exited with code {self.proc.returncode} while starting: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise SpecctlError(f"tritonserver was not ready within {timeout_s:.0f} s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 6) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        errs = [ln for ln in text if ln.startswith("E") or "error" in ln.lower()]
+        return " | ".join((errs or text)[-lines:]) + f" (full log: {self.log_path})"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=5)
+
+    def __enter__(self) -> TritonServer:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
