@@ -15,6 +15,7 @@ What it takes to run the wheel's server reliably (each learned the hard way):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -198,10 +199,8 @@ class TritonServer:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=timeout_s)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(timeout=5)
 
     def __enter__(self) -> TritonServer:
