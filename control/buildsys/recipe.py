@@ -18,6 +18,7 @@ Schema ``specctl.recipe/v1``::
       draft_path: meta-llama/Llama-3.2-1B-Instruct
       max_draft_len: 4
       ngram_size: 3                    # n-gram only: longest matched suffix
+      draft_logits: false              # engines: rejection sampling on draft logits (gathers logits)
     memory:
       kv_cache_free_fraction: 0.90     # TensorRT-LLM's share of free memory for the KV cache
       headroom_gb: 2.0                 # runtime, CUDA graphs and workspaces, per GPU
@@ -60,6 +61,7 @@ class Speculation(BaseModel):
     max_draft_len: int = Field(ge=1)
     ngram_size: int = Field(default=3, ge=1, le=16)
     eagle_layers: int = Field(default=4, ge=1)  # EAGLE-1 engines only
+    draft_logits: bool = False  # engines: verify against draft logits (needs --gather_generation_logits)
 
 
 class Memory(BaseModel):
