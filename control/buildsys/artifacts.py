@@ -22,9 +22,12 @@ class Step:
 
     why: str
     argv: list[str]
+    raw: str | None = None  # a shell line used verbatim (argv is then empty)
 
     def shell(self) -> str:
-        parts = [shlex.quote(a) if not a.startswith("$") else a for a in self.argv]
+        if self.raw is not None:
+            return self.raw
+        parts = [f'"{a}"' if a.startswith("$") else shlex.quote(a) for a in self.argv]
         lines, cur = [], parts[0]
         for p in parts[1:]:
             if p.startswith("--") and len(cur) > 60:

@@ -66,13 +66,15 @@ def engine_steps(recipe: Recipe) -> list[Step]:
                             ["--speculative_decoding_mode", "eagle"]))
         return steps
     steps.append(_checkpoint(recipe, target, "$OUT/ckpt/target", recipe.tp, "target"))
+    # The BLS resends the whole sequence every step, so both engines take inputs up to max_seq_len - 1.
+    whole = recipe.max_seq_len - 1
     # The target verifies drafts it is handed (draft_input_ids): draft model or our n-gram proposer.
     steps.append(_build(recipe, "$OUT/ckpt/target", "$OUT/engines/target", "target (verifies external drafts)",
                         ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len",
-                         str(spec.max_draft_len), *gather]))
+                         str(spec.max_draft_len), *gather], max_input=whole))
     if spec.method == Method.draft_target:
         steps.append(_checkpoint(recipe, spec.draft_path or spec.draft, "$OUT/ckpt/draft", 1, "draft model"))
-        steps.append(_build(recipe, "$OUT/ckpt/draft", "$OUT/engines/draft", "draft", gather))
+        steps.append(_build(recipe, "$OUT/ckpt/draft", "$OUT/engines/draft", "draft", gather, max_input=whole))
     return steps
 
 
@@ -160,8 +162,9 @@ def tensorrt_artifacts(recipe: Recipe, resolved: ResolvedProfile, fit: MemoryFit
     for sub in ("tensorrt_llm", "tensorrt_llm_draft"):  # Triton needs a version directory per model
         if f"triton_repo/{sub}/config.pbtxt" in art.files:
             art.add(f"triton_repo/{sub}/1/.keep", "")
-    art.steps.append(Step("point the Triton model configs at this directory",
-                          ["sed", "-i", 's|@OUT@|\'"$OUT"\'|g', *[f"$OUT/{p}" for p in art.files if p.endswith(".pbtxt")]]))
+    configs = " ".join(f'"$OUT/{p}"' for p in art.files if p.endswith(".pbtxt"))
+    art.steps.append(Step("point the Triton model configs at this directory", [],
+                          raw=f'sed -i "s|@OUT@|$OUT|g" {configs} "$OUT/plan.yaml"'))
     art.add("specctl.yaml", yaml.safe_dump({
         "schema": "specctl.deployment/v1", "sku": recipe.sku, "pair": recipe.pair, "backend": "tensorrt",
         "trtllm_line": "1.2", "method": spec.method.value,

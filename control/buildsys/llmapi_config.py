@@ -172,9 +172,8 @@ def pytorch_artifacts(recipe: Recipe, resolved: ResolvedProfile, line: str, fit:
         "memory_fit": fit.lines(),
     }, sort_keys=False))
     art.add("triton_repo/llm/config.pbtxt", llm_model_config(recipe, control))
-    art.steps.append(Step("point the Triton model config at this directory",
-                          ["sed", "-i", 's|@OUT@|\'"$OUT"\'|g', "$OUT/triton_repo/llm/config.pbtxt",
-                           "$OUT/llm_api_options.yaml"]))
+    art.steps.append(Step("point the configs at this directory", [],
+                          raw='sed -i "s|@OUT@|$OUT|g" "$OUT/triton_repo/llm/config.pbtxt" "$OUT/llm_api_options.yaml"'))
     art.add("build.sh", art.script(f"{recipe.sku}/{recipe.pair}: TensorRT-LLM {line} PyTorch backend"))
     art.notes.append(f"draft_len_schedule (TensorRT-LLM {line} form): {json.dumps(native) if native else 'none'}")
     return art

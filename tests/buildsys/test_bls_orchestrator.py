@@ -86,9 +86,11 @@ def _prompts(n: int, seed: int = 7):
 
 
 class Collector:
-    def __init__(self) -> None:
+    def __init__(self, orch=None) -> None:
         self.tokens: dict[int, list[int]] = {}
         self.done: dict[int, int] = {}
+        self.final_stats: dict[int, tuple[int, int] | None] = {}
+        self.orch = orch
         self.lock = threading.Lock()
 
     def sink(self, rid: int):
@@ -98,6 +100,8 @@ class Collector:
                 self.tokens.setdefault(rid, []).extend(int(t) for t in new)
                 if finished:
                     self.done[rid] = self.done.get(rid, 0) + 1
+                    if self.orch is not None:
+                        self.final_stats[rid] = self.orch.stats(rid)
         return f
 
 
@@ -106,7 +110,7 @@ def test_greedy_output_equals_non_speculative(models, client, drafter):
     target, _ = models
     plan = _plan()
     orch = SpecOrchestrator(build_policy("fixed:4", plan), client, drafter=drafter, max_k=4, record=True)
-    col = Collector()
+    col = Collector(orch)
     prompts = _prompts(5)
     lens = [6, 11, 16, 9, 14]
     for rid, (p, n) in enumerate(zip(prompts, lens, strict=True)):
@@ -118,6 +122,9 @@ def test_greedy_output_equals_non_speculative(models, client, drafter):
     drafted = sum(int(h.drafted.sum()) for h in orch.history)
     accepted = sum(int(h.accepted.sum()) for h in orch.history)
     assert drafted > 0 and 0 < accepted < drafted  # speculation happened, with real rejections
+    # Per-request totals (what the BLS returns as total_draft_tokens / total_accepted_draft_tokens).
+    assert sum(s[0] for s in col.final_stats.values()) == drafted
+    assert sum(s[1] for s in col.final_stats.values()) == accepted
     steps = len(orch.history)
     assert steps < max(lens)  # accepted drafts saved target steps
 

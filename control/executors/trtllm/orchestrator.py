@@ -105,7 +105,7 @@ class SpecOrchestrator:
     def __post_init__(self) -> None:
         if self.drafter not in ("draft_target", "ngram"):
             raise ConfigError(f"drafter '{self.drafter}': the BLS orchestrator drafts with draft_target or ngram")
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # sinks may call stats() while a request finishes
         self._active: dict[int, _Req] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
@@ -243,6 +243,8 @@ class SpecOrchestrator:
         return drafts
 
     def _finish(self, r: _Req, emit: np.ndarray) -> None:
-        self._active.pop(r.rid, None)
-        self._free_slots.append(r.slot)
-        r.sink(emit, True)
+        try:
+            r.sink(emit, True)  # still active here, so the sink can read stats(rid)
+        finally:
+            self._active.pop(r.rid, None)
+            self._free_slots.append(r.slot)
