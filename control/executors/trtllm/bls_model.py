@@ -7,7 +7,7 @@ with ``total_draft_tokens``, ``total_accepted_draft_tokens`` and ``acceptance_ra
 thread runs ``SpecOrchestrator.step`` (control/executors/trtllm/orchestrator.py), which asks the
 controller for k per request per step and calls ``tensorrt_llm_draft`` and ``tensorrt_llm`` through
 BLS, all requests of a step concurrently. The ``control`` package must be importable in the
-Python backend (``pip install specctl`` in the Triton container).
+Python backend (install this repository into the Triton container with ``pip install``).
 
 This file needs ``triton_python_backend_utils`` and so runs only inside Triton; its logic lives in
 the orchestrator, which is tested on its own.
