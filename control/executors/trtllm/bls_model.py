@@ -87,7 +87,7 @@ class TritonPythonModel:
         while not self._stop.is_set():
             try:
                 served = self.orch.step()
-            except Exception as e:  # an engine error fails the step's requests, not the model
+            except Exception as e:  # an engine error is logged and the step retried; the model stays up
                 pb_utils.Logger.log_error(f"specctl_bls step failed: {e}")
                 served = 0
             if served == 0:
