@@ -17,6 +17,7 @@ from control.errors import SpecctlError
 
 # name -> module; order is the order shown in --help
 COMMANDS = {
+    "build": "control.commands.build",
     "explain": "control.commands.explain",
     "plan": "control.commands.plan",
 }

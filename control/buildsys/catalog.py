@@ -70,6 +70,7 @@ class ModelShape:
     rope_theta: float = 10000.0
     max_position: int = 4096
     kind: str = "llama"  # llama | eagle_head
+    mtp_layers: int = 0  # multi-token-prediction modules (num_nextn_predict_layers); 0 = no MTP
 
     @property
     def head_dim(self) -> int:
@@ -104,6 +105,13 @@ MODELS: dict[str, ModelShape] = {
                    max_position=131072),
         # EAGLE3 head for Llama-3.1-8B: one decoder layer at the target's width; its own 32k draft vocab.
         ModelShape("eagle3-llama-3.1-8b", 1, 4096, 32, 8, 14336, 32000, rope_theta=500000.0, max_position=131072,
+                   kind="eagle_head"),
+        # EAGLE3 head for Llama-3.1/3.3-70B: one decoder layer at the target's width, 32k draft vocab.
+        ModelShape("eagle3-llama-3.1-70b", 1, 8192, 64, 8, 28672, 32000, rope_theta=500000.0, max_position=131072,
+                   kind="eagle_head"),
+        # EAGLE-1 head for Llama-3.1-8B (the TensorRT engine path supports EAGLE-1 only): one layer, and
+        # it predicts through the target's own vocabulary.
+        ModelShape("eagle-llama-3.1-8b", 1, 4096, 32, 8, 14336, 128256, rope_theta=500000.0, max_position=131072,
                    kind="eagle_head"),
     )
 }

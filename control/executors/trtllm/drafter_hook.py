@@ -1,0 +1,115 @@
+"""Per-iteration, per-request k on the LLM API through TensorRT-LLM's user-provided drafter hook.
+
+TensorRT-LLM fixes ``speculative_config`` once the LLM is built; the documented way to decide per
+iteration is ``UserProvidedDecodingConfig(max_draft_len=K, drafter=<Drafter>)``, whose
+``prepare_draft_tokens(scheduled_requests, resource_manager)`` fills ``request.py_draft_tokens``
+for every generation request of the iteration (``tensorrt_llm/_torch/speculative/drafter.py``).
+Our drafter asks the controller for k per request, then drafts that many tokens with a proposer
+(n-gram prompt lookup in process; a draft model through any ``proposer(tokens, k)`` callable).
+
+``KPlanner`` is the plain-Python part: it keeps stable slots per request, builds the ``StepView``,
+asks the policy, and turns what the target accepted last iteration into a ``StepOutcome``.
+``make_drafter`` wraps it in TensorRT-LLM's ``Drafter`` class and needs TensorRT-LLM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from control.executors.trtllm import require_tensorrt_llm
+from control.executors.trtllm.orchestrator import ngram_propose
+from control.policy.types import I64, Policy, StepOutcome, StepView
+
+Proposer = Callable[[np.ndarray, int], np.ndarray]
+
+
+def ngram_proposer(n: int = 3) -> Proposer:
+    return lambda tokens, k: ngram_propose(tokens, k, n)
+
+
+class KPlanner:
+    """Slots, views and outcomes for a policy driven from inside TensorRT-LLM's executor loop."""
+
+    def __init__(self, policy: Policy, max_k: int, drafter_name: str = "hook", token_budget: int = 8192) -> None:
+        self.policy = policy
+        self.max_k = int(max_k)
+        self.drafters = (drafter_name,)
+        self.token_budget = token_budget
+        self._slot: dict[int, int] = {}
+        self._free: list[int] = []
+        self._pending: dict[int, int] = {}  # request id -> tokens drafted last iteration
+        self._step = 0
+
+    def _slots(self, rids: Sequence[int]) -> np.ndarray:
+        live = set(rids)
+        for rid in [r for r in self._slot if r not in live]:  # finished requests give their slot back
+            self._free.append(self._slot.pop(rid))
+            self._pending.pop(rid, None)
+        out = np.empty(len(rids), dtype=I64)
+        for i, rid in enumerate(rids):
+            if rid not in self._slot:
+                self._slot[rid] = self._free.pop() if self._free else len(self._slot) + len(self._free)
+            out[i] = self._slot[rid]
+        return out
+
+    def plan(self, rids: Sequence[int], ctx_lens, remaining, k_cap=None) -> np.ndarray:
+        """k per request for this iteration."""
+        n = len(rids)
+        slots = self._slots(rids)
+        view = StepView.build(slots=slots, request_ids=np.asarray(rids, dtype=I64), ctx_lens=ctx_lens,
+                              remaining=remaining, drafters=self.drafters, max_k=self.max_k,
+                              free_kv_slots=self.token_budget * 64, token_budget=self.token_budget, k_cap=k_cap,
+                              drafter=np.zeros(n, dtype=I64), step=self._step, now=time.monotonic())
+        self._step += 1
+        return np.asarray(self.policy.decide(view).k, dtype=I64)
+
+    def drafted(self, rids: Sequence[int], counts) -> None:
+        for rid, c in zip(rids, counts, strict=True):
+            self._pending[int(rid)] = int(c)
+
+    def accepted(self, rids: Sequence[int], accepted, ctx_lens) -> None:
+        """Report what the target accepted of last iteration's drafts (requests that drafted)."""
+        rids = [int(r) for r in rids]
+        keep = [i for i, r in enumerate(rids) if r in self._pending and r in self._slot]
+        if not keep:
+            return
+        ids = np.asarray([rids[i] for i in keep], dtype=I64)
+        drafted = np.asarray([self._pending.pop(rids[i]) for i in keep], dtype=I64)
+        acc = np.minimum(np.asarray(accepted, dtype=I64)[keep], drafted)
+        self.policy.observe(StepOutcome(
+            slots=np.asarray([self._slot[r] for r in ids], dtype=I64), request_ids=ids,
+            drafter=np.zeros(ids.size, dtype=I64), ctx_lens=np.asarray(ctx_lens, dtype=I64)[keep],
+            drafted=drafted, verified=drafted, accepted=acc, step=self._step, now=time.monotonic()))
+
+
+def make_drafter(planner: KPlanner, proposer: Proposer):
+    """A TensorRT-LLM ``Drafter`` deciding k per request per iteration (needs TensorRT-LLM)."""
+    require_tensorrt_llm("the drafter hook")
+    from tensorrt_llm._torch.speculative.drafter import Drafter
+
+    class SpecctlDrafter(Drafter):
+        def __init__(self) -> None:
+            super().__init__(planner.max_k)
+
+        def prepare_draft_tokens(self, scheduled_requests, resource_manager=None) -> None:
+            reqs = list(scheduled_requests.generation_requests)
+            if not reqs:
+                return
+            rids = [int(r.py_request_id) for r in reqs]
+            tokens = [np.asarray(r.get_tokens(0), dtype=np.int64) for r in reqs]
+            ctx = np.fromiter((t.size for t in tokens), I64, len(reqs))
+            planner.accepted(rids, [int(getattr(r, "py_num_accepted_draft_tokens", 0) or 0) for r in reqs], ctx)
+            remaining = np.fromiter((max(int(r.py_max_new_tokens) - (t.size - int(r.py_orig_prompt_len)), 1)
+                                     for r, t in zip(reqs, tokens, strict=True)), I64, len(reqs))
+            k = planner.plan(rids, ctx, remaining)
+            counts = []
+            for r, t, ki in zip(reqs, tokens, k, strict=True):
+                draft = proposer(t, int(ki)).tolist() if ki > 0 else []
+                r.py_draft_tokens = draft
+                counts.append(len(draft))
+            planner.drafted(rids, counts)
+
+    return SpecctlDrafter()

@@ -1,0 +1,250 @@
+"""The per-step speculative loop our BLS model runs over TensorRT engines, in plain Python.
+
+Each ``step()`` serves every active request once:
+
+1. the controller decides k per request (``policy.decide(StepView)``), capped by the request's
+   ``num_draft_tokens`` and what it may still generate;
+2. drafting: requests with k > 0 get k draft tokens, from the draft engine (one ``tensorrt_llm_draft``
+   request each: the whole sequence in, k tokens out) or from n-gram prompt lookup in process;
+3. verification: one ``tensorrt_llm`` request per active request (the sequence plus its drafts as
+   ``draft_input_ids``, ``request_output_len`` = k + 1); the target's answer is the truth, so output
+   is identical to non-speculative greedy decoding whatever the drafts were;
+4. new tokens stream to the request's sink at once; the controller observes the outcome.
+
+The stock tensorrtllm BLS does this for one request without streaming and a fixed k
+(``tensorrt_llm_bls/1/lib/decode.py`` ``_spec_generate``); here many requests share each step, k is
+the controller's per request per step, and tokens stream. Engines batch the concurrent requests of a
+step in flight (``EngineClient.run`` issues them together).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from control.errors import ConfigError, SpecctlError
+from control.executors.trtllm.tensors import generate_request, output_tokens, verify_request
+from control.policy.types import I64, Policy, StepOutcome, StepView
+
+
+class EngineClient(Protocol):
+    """Runs independent requests against one tensorrtllm model; responses in request order."""
+
+    def run(self, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]: ...
+
+
+def ngram_propose(seq: np.ndarray, k: int, n: int) -> np.ndarray:
+    """Prompt lookup: the k tokens that followed the latest earlier occurrence of the sequence's last
+    m tokens, for the longest m <= n that occurs; empty when nothing matches."""
+    L = seq.size
+    if k <= 0 or L < 2:
+        return seq[:0]
+    for m in range(min(n, L - 1), 0, -1):
+        tail = seq[L - m:]
+        windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], m)
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + m
+            return seq[start:start + k].copy()
+    return seq[:0]
+
+
+TokenSink = Callable[[np.ndarray, bool], None]  # (new tokens, finished)
+
+
+@dataclass
+class _Req:
+    rid: int
+    slot: int
+    seq: np.ndarray  # prompt + generated, int64
+    prompt_len: int
+    max_tokens: int
+    end_id: int | None
+    k_cap: int
+    sink: TokenSink
+    drafted_total: int = 0
+    accepted_total: int = 0
+    cancelled: bool = False
+
+    @property
+    def generated(self) -> int:
+        return self.seq.size - self.prompt_len
+
+
+@dataclass
+class StepRecord:
+    """What one step did, per request (for telemetry and tests)."""
+
+    step: int
+    request_ids: np.ndarray
+    k_decided: np.ndarray
+    drafted: np.ndarray
+    accepted: np.ndarray
+    emitted: np.ndarray
+
+
+@dataclass
+class SpecOrchestrator:
+    policy: Policy
+    client: EngineClient
+    drafter: str = "draft_target"  # draft_target | ngram
+    max_k: int = 8
+    max_batch: int = 64
+    ngram_size: int = 3
+    target_model: str = "tensorrt_llm"
+    draft_model: str = "tensorrt_llm_draft"
+    token_budget: int = 8192
+    record: bool = False
+    history: list[StepRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.drafter not in ("draft_target", "ngram"):
+            raise ConfigError(f"drafter '{self.drafter}': the BLS orchestrator drafts with draft_target or ngram")
+        self._lock = threading.RLock()  # sinks may call stats() while a request finishes
+        self._active: dict[int, _Req] = {}
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._step = 0
+        self._drafters = (self.drafter,)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def add(self, rid: int, prompt, max_tokens: int, sink: TokenSink, *, end_id: int | None = None,
+            num_draft_tokens: int | None = None) -> None:
+        prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
+        if prompt.size == 0:
+            raise SpecctlError("input_ids is empty; send at least one prompt token")
+        if max_tokens < 1:
+            raise SpecctlError(f"max_tokens {max_tokens} must be >= 1")
+        cap = self.max_k if num_draft_tokens is None else int(num_draft_tokens)
+        if not 0 <= cap <= self.max_k:
+            raise SpecctlError(f"num_draft_tokens {cap} must be in 0..{self.max_k} (the engine's max_draft_len)")
+        with self._lock:
+            if rid in self._active:
+                raise SpecctlError(f"request id {rid} is already in flight")
+            if len(self._active) >= self.max_batch:
+                raise SpecctlError(f"{self.max_batch} requests already in flight (max_batch); retry later")
+            slot = self._free_slots.pop() if self._free_slots else self._next_slot
+            if slot == self._next_slot:
+                self._next_slot += 1
+            self._active[rid] = _Req(rid, slot, prompt.copy(), prompt.size, int(max_tokens), end_id, cap, sink)
+
+    def cancel(self, rid: int) -> bool:
+        with self._lock:
+            r = self._active.get(rid)
+            if r is not None:
+                r.cancelled = True
+            return r is not None
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def stats(self, rid: int) -> tuple[int, int] | None:
+        with self._lock:
+            r = self._active.get(rid)
+            return None if r is None else (r.drafted_total, r.accepted_total)
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def step(self) -> int:
+        """One iteration over every active request; returns how many were served."""
+        with self._lock:
+            for rid in [rid for rid, r in self._active.items() if r.cancelled]:
+                self._finish(self._active[rid], emit=np.zeros(0, dtype=I64))
+            reqs = list(self._active.values())
+        n = len(reqs)
+        if n == 0:
+            return 0
+        t0 = time.perf_counter()
+        slots = np.fromiter((r.slot for r in reqs), I64, n)
+        rids = np.fromiter((r.rid for r in reqs), I64, n)
+        ctx = np.fromiter((r.seq.size for r in reqs), I64, n)
+        remaining = np.fromiter((r.max_tokens - r.generated for r in reqs), I64, n)
+        k_cap = np.fromiter((r.k_cap for r in reqs), I64, n)
+        view = StepView.build(slots=slots, request_ids=rids, ctx_lens=ctx, remaining=remaining,
+                              drafters=self._drafters, max_k=self.max_k, free_kv_slots=self.token_budget * 64,
+                              token_budget=self.token_budget, k_cap=k_cap, drafter=np.zeros(n, dtype=I64),
+                              step=self._step, now=time.monotonic())
+        decision = self.policy.decide(view)
+        k = np.minimum(np.asarray(decision.k, dtype=I64), np.maximum(np.minimum(k_cap, remaining - 1), 0))
+
+        drafts = self._draft(reqs, k)
+        t1 = time.perf_counter()
+        verify = [verify_request(r.seq, d, r.end_id) for r, d in zip(reqs, drafts, strict=True)]
+        answers = self.client.run(self.target_model, verify)
+        t2 = time.perf_counter()
+
+        drafted = np.fromiter((d.size for d in drafts), I64, n)
+        accepted = np.zeros(n, dtype=I64)
+        emitted = np.zeros(n, dtype=I64)
+        finished: list[tuple[_Req, np.ndarray]] = []
+        for i, (r, d, ans) in enumerate(zip(reqs, drafts, answers, strict=True)):
+            new = output_tokens(ans)
+            if new.size == 0:
+                raise SpecctlError(f"tensorrt_llm returned no token for request {r.rid}")
+            m = min(d.size, new.size - 1)
+            accepted[i] = int(np.argmin(np.append(new[:m] == d[:m], False))) if m > 0 else 0
+            new = new[: accepted[i] + 1] if new.size > accepted[i] + 1 else new
+            new = new[: r.max_tokens - r.generated]
+            done = r.generated + new.size >= r.max_tokens
+            if r.end_id is not None:
+                hit = np.flatnonzero(new == r.end_id)
+                if hit.size:
+                    new = new[: hit[0] + 1]
+                    done = True
+            r.seq = np.concatenate([r.seq, new])
+            r.drafted_total += int(d.size)
+            r.accepted_total += int(accepted[i])
+            emitted[i] = new.size
+            if done:
+                finished.append((r, new))
+            else:
+                r.sink(new, False)
+        with self._lock:
+            for r, new in finished:
+                self._finish(r, emit=new)
+        outcome = StepOutcome(
+            slots=slots, request_ids=rids, drafter=np.zeros(n, dtype=I64), ctx_lens=ctx, drafted=drafted,
+            verified=drafted, accepted=accepted, draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3,
+            total_ms=(time.perf_counter() - t0) * 1e3, finished=np.array([r.rid for r, _ in finished], dtype=I64),
+            step=self._step, now=time.monotonic(),
+        )
+        self.policy.observe(outcome)
+        if self.record:
+            self.history.append(StepRecord(self._step, rids, k, drafted, accepted, emitted))
+        self._step += 1
+        return n
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        for _ in range(max_steps):
+            if self.step() == 0:
+                return
+        raise SpecctlError(f"requests still active after {max_steps} steps")
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _draft(self, reqs: list[_Req], k: np.ndarray) -> list[np.ndarray]:
+        empty = np.zeros(0, dtype=I64)
+        drafts = [empty] * len(reqs)
+        idx = np.flatnonzero(k > 0)
+        if idx.size == 0:
+            return drafts
+        if self.drafter == "ngram":
+            for i in idx:
+                drafts[i] = ngram_propose(reqs[i].seq, int(k[i]), self.ngram_size)
+            return drafts
+        asks = [generate_request(reqs[i].seq, int(k[i]), reqs[i].end_id) for i in idx]
+        for i, ans in zip(idx, self.client.run(self.draft_model, asks), strict=True):
+            drafts[i] = output_tokens(ans)[: int(k[i])]
+        return drafts
+
+    def _finish(self, r: _Req, emit: np.ndarray) -> None:
+        try:
+            r.sink(emit, True)  # still active here, so the sink can read stats(rid)
+        finally:
+            self._active.pop(r.rid, None)
+            self._free_slots.append(r.slot)

@@ -1,0 +1,89 @@
+"""The tensorrtllm backend's request semantics on top of the reference Llama model, greedy.
+
+It stands in for a ``tensorrt_llm`` / ``tensorrt_llm_draft`` engine where TensorRT-LLM cannot run:
+the same input and output tensors (``tensors``), the same answers for greedy decoding:
+
+- no ``draft_input_ids``: generate ``request_output_len`` tokens (stop after ``end_id``);
+- with ``draft_input_ids``: one pass over the sequence plus the drafts, accept the longest draft
+  prefix the model agrees with, and answer it plus the model's own next token (what TensorRT-LLM's
+  draft_tokens_external engines return for ``request_output_len`` = k + 1).
+
+Every request is independent (the whole sequence is resent each step, as with the real engines,
+which reuse its KV cache; here it is recomputed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
+from control.executors.trtllm.tensors import check_request
+
+
+class ReferenceTrtllmModel:
+    """A greedy tensorrtllm-semantics model over a reference ``LlamaForCausalLM``."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.model = model.eval()
+        self.dtype = next(model.parameters()).dtype
+        self.calls = 0
+
+    @torch.no_grad()
+    def _greedy(self, ids: np.ndarray, n: int, end_id: int | None) -> np.ndarray:
+        cache = KVCache(self.model.config, 1, ids.size + n + 1, dtype=self.dtype)
+        x = torch.as_tensor(ids, dtype=torch.long)
+        logits = self.model(x, [Segment(0, 0, ids.size)], cache, logits_at=torch.tensor([ids.size - 1]))
+        out = []
+        pos = ids.size
+        for _ in range(n):
+            tok = int(logits[-1].argmax())
+            out.append(tok)
+            if end_id is not None and tok == end_id:
+                break
+            logits = self.model(torch.tensor([tok]), [Segment(0, pos, 1)], cache)
+            pos += 1
+        return np.asarray(out, dtype=np.int64)
+
+    @torch.no_grad()
+    def _verify(self, ids: np.ndarray, draft: np.ndarray, end_id: int | None) -> np.ndarray:
+        seq = np.concatenate([ids, draft])
+        cache = KVCache(self.model.config, 1, seq.size + 1, dtype=self.dtype)
+        at = torch.arange(ids.size - 1, seq.size)
+        pred = self.model(torch.as_tensor(seq, dtype=torch.long), [Segment(0, 0, seq.size)], cache,
+                          logits_at=at).argmax(-1).numpy()
+        ok = pred[: draft.size] == draft
+        a = int(np.argmin(np.append(ok, False)))
+        out = pred[: a + 1].astype(np.int64)
+        if end_id is not None:
+            hit = np.flatnonzero(out == end_id)
+            if hit.size:
+                out = out[: hit[0] + 1]
+        return out
+
+    def __call__(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids, out_len, draft, end_id = check_request(req)
+        self.calls += 1
+        if draft.size:
+            if out_len != draft.size + 1:
+                raise ValueError(f"request_output_len {out_len} with {draft.size} draft tokens: expected {draft.size + 1}")
+            toks = self._verify(ids, draft, end_id)
+        else:
+            toks = self._greedy(ids, out_len, end_id)
+        if not bool(np.asarray(req.get("exclude_input_in_output", [[False]])).reshape(-1)[0]):
+            toks = np.concatenate([ids, toks])
+        return {"output_ids": toks.astype(np.int32)[None, None, :],
+                "sequence_length": np.array([[toks.size]], dtype=np.int32)}
+
+
+class ReferenceEngineClient:
+    """``EngineClient`` over named reference models (e.g. ``tensorrt_llm`` and ``tensorrt_llm_draft``)."""
+
+    def __init__(self, models: dict[str, ReferenceTrtllmModel]) -> None:
+        self.models = models
+
+    def run(self, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        if model not in self.models:
+            raise KeyError(f"no model '{model}' (have: {', '.join(self.models)})")
+        m = self.models[model]
+        return [m(r) for r in requests]
