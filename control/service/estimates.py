@@ -29,7 +29,7 @@ RATE_MIN, RATE_MAX = 0.001, 0.995
 
 
 class AcceptanceTracker:
-    def __init__(self, profile: Profile, *, halflife_s: float = 120.0, prior_trials: float = 20.0) -> None:
+    def __init__(self, profile: Profile, *, halflife_s: float = 60.0, prior_trials: float = 20.0) -> None:
         self.names = tuple(profile.drafter_names)
         self.index = {n: i for i, n in enumerate(self.names)}
         m, K = len(self.names), MAX_K_LIMIT
@@ -129,7 +129,7 @@ class ModelError:
 class CostRefit:
     """Windowed, prior-regularised NNLS refit of every model in the profile (see the module docstring)."""
 
-    def __init__(self, profile: Profile, *, window: int = 2048, min_samples: int = 32, prior_weight: float = 8.0) -> None:
+    def __init__(self, profile: Profile, *, window: int = 2048, min_samples: int = 32, prior_weight: float = 1.0) -> None:
         self.base = profile
         self.min_samples = int(min_samples)
         self.prior_weight = float(prior_weight)

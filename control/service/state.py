@@ -66,7 +66,7 @@ class ServiceConfig:
     goodput_threshold: float = 0.02
     cost_threshold: float = 0.10
     min_trials: int = 200
-    acceptance_halflife_s: float = 120.0
+    acceptance_halflife_s: float = 60.0
     refit_window: int = 2048
     max_body_bytes: int = 1 << 20
     history: int = 900
