@@ -47,157 +47,175 @@ from control.plan import SLO, Plan, compile_plan
 from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
 from control.policy.types import Decision, Policy, StepOutcome, StepView
 from control.profile import Profile
-from control.service.telemetry import K_BUCKETS, MAX_MS, SAMPLE_FIELDS, TELEMETRY_SCHEMA
+from control.service.telemetry import K_BUCKETS, MAX_MS, TELEMETRY_SCHEMA
 
 log = logging.getLogger("specctl.agent")
 
 DEFAULT_PLAN_ID = "default"
-_COL = {name: i for i, name in enumerate(SAMPLE_FIELDS)}
+# A window closes early at this many request-steps (a fast simulator), which bounds the work of
+# turning it into a document on the network thread to a few tens of milliseconds.
+MAX_WINDOW_REQUEST_STEPS = 1 << 18
+
+
+def _segment_sums(x: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Sums of consecutive segments of ``x`` with lengths ``lens`` (empty segments sum to 0)."""
+    cs = np.concatenate([[0], np.cumsum(x)])
+    ends = np.cumsum(lens)
+    return cs[ends] - cs[ends - lens]
 
 
 class TelemetryWindow:
-    """Telemetry of one window of steps, accumulated with a few numpy operations per step.
+    """Telemetry of one window of steps.
 
-    Owned by the engine thread while open; after ``Agent`` closes it, only the network thread reads
-    it (``to_payload``). Per executor drafter and draft position it keeps histograms of how far each
-    request's chain got (evaluated and accepted lengths), from which per-position trials and
-    acceptances follow by a reverse cumulative sum at flush time.
+    The engine thread only copies each step's arrays into preallocated buffers (a handful of slice
+    assignments, no per-step reductions); after ``Agent`` closes the window, the network thread turns
+    the buffers into the ``specctl.telemetry/v1`` document (``to_payload``): per drafter and draft
+    position the chain's trials and acceptances, the k histogram, per-step sums for a random sample
+    of steps, all vectorised over the whole window.
     """
 
-    def __init__(self, drafters: tuple[str, ...], max_samples: int, started: float, rng: random.Random) -> None:
+    # Per request-step rows and per-step columns of the buffers.
+    R_K, R_DRAFTER, R_DRAFTED, R_VERIFIED, R_ACCEPTED, R_CTX = range(6)
+    S_N, S_VERIFY, S_DRAFT, S_TOTAL, S_PRED, S_PASSES, S_DCTX, S_DBATCH, S_FINISHED = range(9)
+
+    def __init__(self, drafters: tuple[str, ...], max_samples: int, started: float, rng: random.Random,
+                 capacity: int = 4096, step_capacity: int = 1024) -> None:
         self.drafters = drafters
-        m = max(len(drafters), 1)
-        self.m = m
+        self.m = max(len(drafters), 1)
+        self.max_samples = max_samples
         self.started = started
         self.closed_at = started
+        self.rng = rng
+        self.req = np.zeros((6, max(capacity, 1)), dtype=np.int64)
+        self.step_rows = np.zeros((max(step_capacity, 1), 9))
+        self.pos = 0  # request-steps filled
         self.steps = 0
-        self.spec_steps = 0
-        self.request_steps = 0
-        self.ctx_tokens = 0
-        self.max_batch = 0
-        self.finished = 0
-        self.measured_ms = 0.0
-        self.pred_steps = 0
-        self.pred_ms = 0.0
-        self.pred_measured_ms = 0.0
-        self.k_hist = np.zeros(K_BUCKETS, dtype=np.int64)
-        self.tried_hist = np.zeros(m * K_BUCKETS, dtype=np.int64)  # [d, L]: requests whose chain evaluated L positions
-        self.acc_hist = np.zeros(m * K_BUCKETS, dtype=np.int64)  # [d, L]: requests that accepted L tokens
-        self.tok = np.zeros((4, m), dtype=np.int64)  # requests, drafted, verified, accepted per drafter
-        self.samples = np.zeros((max_samples, len(SAMPLE_FIELDS)))
-        self.seen = 0
-        self._rng = rng
-        self._offsets = np.arange(m, dtype=np.int64) * K_BUCKETS
+        self._decided = -1  # n of the decision waiting for its outcome
 
+    def _grow(self, n: int) -> None:
+        need = self.pos + n
+        if need > self.req.shape[1]:
+            grown = np.zeros((6, max(need, 2 * self.req.shape[1])), dtype=np.int64)
+            grown[:, : self.pos] = self.req[:, : self.pos]
+            self.req = grown
+
+    # -- engine thread -----------------------------------------------------------------------------
     def on_decide(self, k: np.ndarray) -> None:
-        if k.size:
-            self.k_hist += np.bincount(np.minimum(k, K_BUCKETS - 1), minlength=K_BUCKETS)
+        n = k.shape[0]
+        self._grow(n)
+        self.req[self.R_K, self.pos: self.pos + n] = k
+        self._decided = n
 
     def on_outcome(self, o: StepOutcome, predicted_ms: float) -> None:
-        self.steps += 1
-        total = o.total_ms
-        if not 0.0 <= total <= MAX_MS:  # NaN or corrupt: counts still go out, the time does not
-            total = 0.0
-        self.measured_ms += total
         n = o.n
-        self.finished += int(o.finished.size)
-        if 0.0 <= predicted_ms <= MAX_MS:  # False for NaN (no prediction)
-            self.pred_steps += 1
-            self.pred_ms += predicted_ms
-            self.pred_measured_ms += total
-        if n == 0:
-            return
-        ctx = int(o.ctx_lens.sum())
-        self.request_steps += n
-        self.ctx_tokens += ctx
-        if n > self.max_batch:
-            self.max_batch = n
-        top = K_BUCKETS - 1
-        verified = np.minimum(o.verified, top)
-        accepted = np.minimum(np.minimum(o.accepted, verified), top)
-        spec = o.drafted > 0
-        d = np.clip(o.drafter, 0, self.m - 1)
-        drafter_used = -1
-        drafted_sum = int(o.drafted.sum())
-        accepted_sum = 0
-        if drafted_sum:
-            self.spec_steps += 1
-            base = self._offsets[d]
-            size = self.m * K_BUCKETS
-            self.tried_hist += np.bincount(base + np.minimum(accepted + 1, verified), minlength=size)
-            self.acc_hist += np.bincount(base + accepted, minlength=size)
-            self.tok += np.stack([np.bincount(d, weights=spec, minlength=self.m),
-                                  np.bincount(d, weights=o.drafted, minlength=self.m),
-                                  np.bincount(d, weights=o.verified, minlength=self.m),
-                                  np.bincount(d, weights=accepted, minlength=self.m)]).astype(np.int64)
-            ds = d[spec]
-            lo, hi = int(ds.min()), int(ds.max())
-            drafter_used = lo if lo == hi else -1
-            accepted_sum = int(accepted.sum())
-        # Reservoir sample of steps for the service's cost-model refit.
-        cap = self.samples.shape[0]
-        if cap == 0:
-            return
-        i = self.seen
-        self.seen += 1
-        if i >= cap:
-            i = self._rng.randrange(self.seen)
-            if i >= cap:
-                return
-        self.samples[i] = (n, ctx, int(o.verified.sum()) + n, o.verify_ms, o.draft_ms, o.total_ms, predicted_ms,
-                           o.draft_passes, o.draft_ctx_tokens, o.draft_batched_tokens, drafter_used, drafted_sum,
-                           accepted_sum)
+        p = self.pos
+        r = self.req
+        if self._decided != n:  # no matching decision (an executor that skipped decide): k = drafted
+            self._grow(n)
+            r = self.req
+            r[self.R_K, p: p + n] = o.drafted
+        self._decided = -1
+        e = p + n
+        r[self.R_DRAFTER, p:e] = o.drafter
+        r[self.R_DRAFTED, p:e] = o.drafted
+        r[self.R_VERIFIED, p:e] = o.verified
+        r[self.R_ACCEPTED, p:e] = o.accepted
+        r[self.R_CTX, p:e] = o.ctx_lens
+        self.pos = e
+        s = self.steps
+        if s == self.step_rows.shape[0]:
+            self.step_rows = np.concatenate([self.step_rows, np.zeros_like(self.step_rows)])
+        self.step_rows[s] = (n, o.verify_ms, o.draft_ms, o.total_ms, predicted_ms, o.draft_passes, o.draft_ctx_tokens,
+                             o.draft_batched_tokens, o.finished.shape[0])
+        self.steps = s + 1
 
-    # -- flush (network thread) ------------------------------------------------------------------
+    # -- network thread ----------------------------------------------------------------------------
     def to_payload(self, *, source: str, seq: int, plan_version: int, plan_id: str, dropped_windows: int,
-                   dropped_steps: int) -> dict[str, Any]:
-        """The ``specctl.telemetry/v1`` document for this window."""
-        drafters = []
-        tried = self.tried_hist.reshape(self.m, K_BUCKETS)
-        acc = self.acc_hist.reshape(self.m, K_BUCKETS)
-        # trials at position j (0-based) = requests whose chain evaluated more than j positions.
+                   dropped_steps: int, known: set[str] | None = None) -> dict[str, Any]:
+        """The ``specctl.telemetry/v1`` document for this window.
+
+        ``known``: drafter names the service knows (the plan's profile); others are left out of the
+        per-drafter statistics, so one unknown drafter does not get the whole window refused.
+        """
+        m, top = self.m, K_BUCKETS - 1
+        R = self.req[:, : self.pos]
+        S = self.step_rows[: self.steps]
+        k, drafter, drafted, verified, accepted, ctx = R
+        d = np.clip(drafter, 0, m - 1)
+        drafted = np.maximum(drafted, 0)
+        verified = np.clip(np.minimum(verified, drafted), 0, top)
+        accepted = np.clip(np.minimum(accepted, verified), 0, top)
+        spec = drafted > 0
+        n_step = S[:, self.S_N].astype(np.int64)
+        spec_per_step = _segment_sums(spec, n_step)
+        times = S[:, [self.S_VERIFY, self.S_DRAFT, self.S_TOTAL]]
+        ok_time = np.all(np.isfinite(times) & (times >= 0) & (times <= MAX_MS), axis=1)  # corrupt timings stay out
+        total = np.where(ok_time, S[:, self.S_TOTAL], 0.0)
+        pred = S[:, self.S_PRED]
+        has_pred = np.isfinite(pred) & (pred >= 0) & (pred <= MAX_MS)
+
+        # Chain trials per (drafter, position): requests whose chain evaluated more than j positions.
+        size = m * K_BUCKETS
+        base = d * K_BUCKETS
+        tried = np.bincount(base + np.where(spec, np.minimum(accepted + 1, verified), 0), minlength=size).reshape(m, K_BUCKETS)
+        acc = np.bincount(base + np.where(spec, accepted, 0), minlength=size).reshape(m, K_BUCKETS)
         trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
-        accepted = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+        acc_pos = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+        tok = np.stack([np.bincount(d, weights=w, minlength=m) for w in (spec, drafted * spec, verified * spec,
+                                                                        accepted * spec)]).astype(np.int64)
+        drafters, remap = [], {}
         for i, name in enumerate(self.drafters):
-            if self.tok[1, i] == 0:
+            if tok[1, i] == 0 or (known is not None and name not in known):
                 continue
             last = int(np.flatnonzero(trials[i])[-1]) + 1 if trials[i].any() else 0
+            remap[i] = len(drafters)
             drafters.append({
-                "name": name, "requests": int(self.tok[0, i]), "drafted": int(self.tok[1, i]),
-                "verified": int(self.tok[2, i]), "accepted": int(self.tok[3, i]),
-                "position_trials": trials[i, :last].tolist(), "position_accepted": accepted[i, :last].tolist(),
+                "name": name, "requests": int(tok[0, i]), "drafted": int(tok[1, i]), "verified": int(tok[2, i]),
+                "accepted": int(tok[3, i]), "position_trials": trials[i, :last].tolist(),
+                "position_accepted": acc_pos[i, :last].tolist(),
             })
-        used = np.flatnonzero([self.tok[1, i] > 0 for i in range(len(self.drafters))]).tolist()
-        remap = {old: new for new, old in enumerate(used)}
         doc: dict[str, Any] = {
             "schema": TELEMETRY_SCHEMA, "source": source, "seq": seq, "plan_version": plan_version, "plan_id": plan_id,
-            "window_s": max(self.closed_at - self.started, 1e-6), "steps": self.steps, "spec_steps": self.spec_steps,
-            "request_steps": self.request_steps, "ctx_tokens": self.ctx_tokens, "max_batch": self.max_batch,
-            "finished": self.finished, "k_hist": self.k_hist.tolist(), "measured_ms_sum": self.measured_ms,
-            "predicted_steps": self.pred_steps, "predicted_ms_sum": self.pred_ms,
-            "predicted_measured_ms_sum": self.pred_measured_ms, "drafters": drafters,
-            "dropped_windows": dropped_windows, "dropped_steps": dropped_steps,
+            "window_s": max(self.closed_at - self.started, 1e-6), "steps": self.steps,
+            "spec_steps": int((spec_per_step > 0).sum()), "request_steps": self.pos, "ctx_tokens": int(ctx.sum()),
+            "max_batch": int(n_step.max(initial=0)), "finished": int(S[:, self.S_FINISHED].sum()),
+            "k_hist": np.bincount(np.clip(k, 0, top), minlength=K_BUCKETS).tolist(),
+            "measured_ms_sum": float(total.sum()), "predicted_steps": int(has_pred.sum()),
+            "predicted_ms_sum": float(pred[has_pred].sum()), "predicted_measured_ms_sum": float(total[has_pred].sum()),
+            "drafters": drafters, "dropped_windows": dropped_windows, "dropped_steps": dropped_steps,
         }
-        n = min(self.seen, self.samples.shape[0])
-        s = self.samples[:n]
-        times = s[:, [_COL["verify_ms"], _COL["draft_ms"], _COL["total_ms"]]]
-        s = s[np.all(np.isfinite(times) & (times >= 0) & (times <= MAX_MS), axis=1)]  # drop corrupt timings
-        pred = s[:, _COL["predicted_ms"]]
-        pred[~(np.isfinite(pred) & (pred >= 0) & (pred <= MAX_MS))] = np.nan
-        n = s.shape[0]
-        if n:
-            cols: dict[str, list] = {}
-            for name, j in _COL.items():
-                col = s[:, j]
-                if name in ("verify_ms", "draft_ms", "total_ms"):
-                    cols[name] = col.tolist()
-                elif name == "predicted_ms":
-                    cols[name] = [None if v != v else v for v in col.tolist()]
-                elif name == "drafter":
-                    cols[name] = [remap.get(int(v), -1) for v in col]
-                else:
-                    cols[name] = col.astype(np.int64).tolist()
-            doc["samples"] = cols
+        # A uniform random sample of the steps with sound timings, with the cost model's features.
+        idx = np.flatnonzero(ok_time)
+        if idx.size > self.max_samples:
+            idx = np.sort(np.asarray(self.rng.sample(range(idx.size), self.max_samples)))
+            idx = np.flatnonzero(ok_time)[idx]
+        if idx.size:
+            lens = n_step[idx]
+            first = np.cumsum(n_step)[idx] - lens
+            rows = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))  # their request-steps
+
+            def per_step(x: np.ndarray) -> np.ndarray:
+                return _segment_sums(x[rows], lens)
+
+            spec_d = {j: per_step(spec & (d == j)) for j in remap}
+            n_spec = spec_per_step[idx]
+            used = np.full(idx.size, -1, dtype=np.int64)
+            for j, out in remap.items():
+                used[(n_spec > 0) & (spec_d[j] == n_spec)] = out
+            s = S[idx]
+            doc["samples"] = {
+                "batch": lens.tolist(), "ctx_tokens": per_step(ctx).tolist(),
+                "verify_tokens": (per_step(verified * spec) + lens).tolist(),
+                "verify_ms": s[:, self.S_VERIFY].tolist(), "draft_ms": s[:, self.S_DRAFT].tolist(),
+                "total_ms": s[:, self.S_TOTAL].tolist(),
+                "predicted_ms": [v if has else None for v, has in zip(s[:, self.S_PRED].tolist(), has_pred[idx].tolist(),
+                                                                     strict=True)],
+                "draft_passes": s[:, self.S_PASSES].astype(np.int64).tolist(),
+                "draft_ctx_tokens": s[:, self.S_DCTX].astype(np.int64).tolist(),
+                "draft_batched_tokens": s[:, self.S_DBATCH].astype(np.int64).tolist(),
+                "drafter": used.tolist(), "drafted": per_step(drafted).tolist(),
+                "accepted": per_step(accepted * spec).tolist(),
+            }
         return doc
 
 
@@ -384,7 +402,7 @@ class Agent:
             return
         w.on_outcome(outcome, predicted)
         now = time.monotonic()
-        if now - w.started >= self.interval:
+        if now - w.started >= self.interval or w.pos >= MAX_WINDOW_REQUEST_STEPS:
             self._close_window(now)
 
     # -- plans -------------------------------------------------------------------------------------
@@ -439,7 +457,9 @@ class Agent:
     def _close_window(self, now: float) -> None:
         w = self._window
         w.closed_at = now
-        self._window = TelemetryWindow(w.drafters, self.max_samples, now, self._rng)
+        # Size the next window's buffers from this one's use, so they rarely grow mid-window.
+        self._window = TelemetryWindow(w.drafters, self.max_samples, now, self._rng, capacity=max(4096, w.pos + w.pos // 4),
+                                       step_capacity=max(1024, w.steps + w.steps // 4))
         if self.url is None:
             return
         q = self.queue

@@ -227,8 +227,10 @@ class ServiceLink:
         if body is None:
             self._seq += 1
             a = self.agent
-            doc = w.to_payload(source=a.source, seq=self._seq, plan_version=a.plan.version, plan_id=a.plan_id,
-                               dropped_windows=a.dropped_windows, dropped_steps=a.dropped_steps)
+            plan = a.plan
+            doc = w.to_payload(source=a.source, seq=self._seq, plan_version=plan.version, plan_id=a.plan_id,
+                               dropped_windows=a.dropped_windows, dropped_steps=a.dropped_steps,
+                               known=set(plan.profile.drafter_names))
             body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
             w.body = body
         return body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import httpx
@@ -19,13 +20,23 @@ from tests.service.test_agent import FAST, _wait
 def test_service_killed_and_restarted_under_load(profile_path):
     profile = make_profile()
     svc = ServiceProcess(profile_path, extra=FAST_REPLAN).start()
-    agent = Agent(profile, url=svc.url, token=TOKEN, telemetry_interval_s=0.2, queue_windows=4, **FAST).start()
+    # Network timeouts of 2 s: a decide that waited on the network would take at least that long.
+    agent = Agent(profile, url=svc.url, token=TOKEN, telemetry_interval_s=0.2, queue_windows=4,
+                  **{**FAST, "timeout_s": 2.0}).start()
     engine = SyntheticEngine(agent, profile.step_cost(), batch=16, step_sleep_s=0.002, gen_range=(16, 96))
     try:
         with EngineThread(engine):
             _wait(lambda: agent.stats().plan_source == "service" and agent.stats().telemetry_sent >= 1, 10,
                   "the first service's plan and a telemetry post")
             first = agent.plan_id
+            # A hung service (SIGSTOP): connections open but nothing answers; posts wait for their timeout.
+            svc.proc.send_signal(signal.SIGSTOP)
+            failures = agent.stats().telemetry_post_failures
+            _wait(lambda: agent.stats().telemetry_post_failures > failures, 10, "a telemetry post to time out")
+            hung_steps = engine.stats.steps
+            time.sleep(0.5)
+            hung_steps = engine.stats.steps - hung_steps
+            svc.proc.send_signal(signal.SIGCONT)
             svc.kill()  # SIGKILL: no goodbye to the plan stream, telemetry posts fail from now on
             killed = engine.stats.steps
             _wait(lambda: not agent.stats().connected, 5, "the agent to notice the service is gone")
@@ -48,11 +59,11 @@ def test_service_killed_and_restarted_under_load(profile_path):
         svc.stop()
     s = agent.stats()
     decide_ms = np.array(stats.decide_s) * 1000
-    print(f"steps {stats.steps} ({outage_steps} while the service was down), requests completed {stats.completed}, "
+    print(f"steps {stats.steps} ({hung_steps} in 0.5 s while the service hung, {outage_steps} while it was down), requests completed {stats.completed}, "
           f"failed {stats.failed}; decide p50 {np.median(decide_ms):.2f} ms, p99 {np.percentile(decide_ms, 99):.2f} ms, "
           f"max {decide_ms.max():.1f} ms; subscriptions {s.subscriptions}, dropped windows {s.dropped_windows}")
     assert stats.failed == 0 and not stats.errors and stats.completed > 0
-    assert outage_steps > 50  # the engine kept going while the service was away
-    assert decide_ms.max() < 250  # never waited on the network (connect and post timeouts are 1 s)
+    assert outage_steps > 50 and hung_steps > 25  # the engine kept going while the service hung and was away
+    assert decide_ms.max() < 1000  # never waited on the network (its timeouts are 2 s); the rest is scheduling
     assert s.subscriptions >= 2 and s.policy_errors == 0 and s.plans_rejected == 0
     assert max(recent) <= 2

@@ -29,24 +29,53 @@ def _outcomes(rng, steps=300, n=12, max_k=6):
             finished=np.array([s], dtype=np.int64) if s % 10 == 0 else np.zeros(0, dtype=np.int64))
 
 
-def test_window_counts_match_chain_trials_and_validate():
+def _window(max_samples, drafter_of=None, capacity=4096):
     rng = np.random.default_rng(1)
-    w = TelemetryWindow(DRAFTERS, max_samples=64, started=0.0, rng=random.Random(0))
+    w = TelemetryWindow(DRAFTERS, max_samples=max_samples, started=0.0, rng=random.Random(0), capacity=capacity,
+                        step_capacity=16)
     trials = np.zeros((2, 16), dtype=np.int64)
     succ = np.zeros((2, 16), dtype=np.int64)
     k_hist = np.zeros(17, dtype=np.int64)
-    steps = 0
-    for k, o in _outcomes(rng):
+    per_step = []
+    for s, (k, o) in enumerate(_outcomes(rng)):
+        if drafter_of is not None:
+            o.drafter[:] = drafter_of(s)
         w.on_decide(k)
-        w.on_outcome(o, predicted_ms=6.0 if steps % 2 else float("nan"))
-        steps += 1
+        w.on_outcome(o, predicted_ms=6.0 if s % 2 else float("nan"))
         k_hist += np.bincount(k, minlength=17)
         for d in range(2):
             sel = o.drafter == d
-            t, s = position_counts(o.verified[sel], o.accepted[sel], 16)
+            t, a = position_counts(o.verified[sel], o.accepted[sel], 16)
             trials[d] += t
-            succ[d] += s
+            succ[d] += a
+        spec = o.drafted > 0
+        used = np.unique(o.drafter[spec])
+        per_step.append((o.n, int(o.ctx_lens.sum()), int(o.verified.sum()) + o.n, int(o.drafted.sum()),
+                         int(o.accepted.sum()), int(used[0]) if used.size == 1 else -1))
     w.closed_at = 2.0
+    return w, trials, succ, k_hist, per_step
+
+
+def test_window_samples_carry_each_steps_features():
+    # Steps alternate between one drafter for everyone and a mix; all 300 steps fit in the sample.
+    w, _, _, _, per_step = _window(1000, drafter_of=lambda s: 1 if s % 3 == 0 else np.arange(12) % 2, capacity=8)
+    doc = w.to_payload(source="llm-0", seq=1, plan_version=3, plan_id="abc:3", dropped_windows=0, dropped_steps=0)
+    s = TelemetryBatch.model_validate(doc).samples
+    got = list(zip(s.batch, s.ctx_tokens, s.verify_tokens, s.drafted, s.accepted, strict=True))
+    assert got == [p[:5] for p in per_step]
+    names = [d["name"] for d in doc["drafters"]]
+    assert [names[i] if i >= 0 else None for i in s.drafter] == [DRAFTERS[p[5]] if p[5] >= 0 else None for p in per_step]
+    assert s.predicted_ms[:4] == [None, 6.0, None, 6.0]
+    # A drafter the service does not know is left out, and its steps name no drafter.
+    doc = w.to_payload(source="llm-0", seq=2, plan_version=3, plan_id="abc:3", dropped_windows=0, dropped_steps=0,
+                       known={"draft"})
+    assert [d["name"] for d in doc["drafters"]] == ["draft"]
+    assert all(d in (-1, 0) for d in doc["samples"]["drafter"])
+
+
+def test_window_counts_match_chain_trials_and_validate():
+    w, trials, succ, k_hist, _ = _window(64)
+    steps = 300
     doc = w.to_payload(source="llm-0", seq=1, plan_version=3, plan_id="abc:3", dropped_windows=0, dropped_steps=0)
     batch = TelemetryBatch.model_validate(json.loads(json.dumps(doc)))  # survives the wire
     assert batch.steps == steps == 300
