@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -47,7 +48,7 @@ from control.plan import SLO, Plan, compile_plan
 from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
 from control.policy.types import Decision, Policy, StepOutcome, StepView
 from control.profile import Profile
-from control.service.telemetry import K_BUCKETS, MAX_MS, TELEMETRY_SCHEMA
+from control.service.telemetry import K_BUCKETS, MAX_MS, SOURCE_PATTERN, TELEMETRY_SCHEMA
 
 log = logging.getLogger("specctl.agent")
 
@@ -313,7 +314,9 @@ class Agent:
                               f"{profile.sku}/{profile.pair}; it has: {', '.join(profile.drafter_names)}")
         self.url = _check_url(url) if url else None
         self.token = token if token is not None else os.environ.get("SPECCTL_TOKEN")
-        self.source = source or f"{os.uname().nodename}-{os.getpid()}"
+        if source is not None and not re.fullmatch(SOURCE_PATTERN, source):
+            raise ConfigError(f"agent source {source!r}: use 1..128 of A-Z a-z 0-9 _ . : @ / -")
+        self.source = source or re.sub(r"[^A-Za-z0-9_.:@/\-]", "-", f"{os.uname().nodename}-{os.getpid()}")[:128]
         self.interval = float(telemetry_interval_s)
         self.max_samples = int(max_samples)
         self.seed = seed

@@ -110,9 +110,22 @@ class PlanHub:
     def __init__(self, state: ControlState) -> None:
         self.state = state
         self.subscribers = 0
+        self.closing = False
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._event = asyncio.Event()
         self._cache: tuple[str, bytes] | None = None
         state.listeners.append(self._on_publish)
+
+    def close(self) -> None:
+        """End every stream (the server is shutting down); subscribers reconnect elsewhere or later."""
+        self.closing = True
+        self._event.set()
+
+    def close_threadsafe(self) -> None:
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.close)
 
     def _on_publish(self, plan: Plan) -> None:
         self._cache = None
@@ -134,7 +147,7 @@ class PlanHub:
         try:
             sent = last_event_id
             yield b": specctl plan stream\n\n"
-            while True:
+            while not self.closing:
                 ev = self._event  # taken before the check: a publish after it sets this event
                 pid, msg = self.message()
                 if pid != sent:
@@ -144,6 +157,7 @@ class PlanHub:
                     await asyncio.wait_for(ev.wait(), timeout=keepalive_s)
                 except TimeoutError:
                     yield b": keepalive\n\n"
+            yield b": the service is shutting down\n\n"
         finally:
             self.subscribers -= 1
 
@@ -246,6 +260,7 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        hub.loop = asyncio.get_running_loop()
         runner["task"] = asyncio.create_task(replanner())
         try:
             yield

@@ -14,7 +14,7 @@ import time
 
 from control.errors import SpecctlError
 
-GRACEFUL_SHUTDOWN_S = 1  # plan streams never end by themselves: cut them after this on shutdown
+GRACEFUL_SHUTDOWN_S = 2  # what still runs this long after a shutdown signal is cancelled
 
 
 def is_loopback(host: str) -> bool:
@@ -61,9 +61,21 @@ def url_of(sock: socket.socket) -> str:
 def _server(app, log_level: str):
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            _close_streams(app)
+
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, proxy_headers=False)
-    return uvicorn.Server(config)
+    return Server(config)
+
+
+def _close_streams(app) -> None:
+    """Plan streams never end by themselves: end them so a shutdown does not wait for them."""
+    hub = getattr(app.state, "hub", None)
+    if hub is not None:
+        hub.close_threadsafe()
 
 
 def serve(app, sock: socket.socket, *, log_level: str = "warning") -> None:
@@ -92,6 +104,7 @@ class ServiceThread:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._server.should_exit = True
+        _close_streams(self._server.config.app)
         self._thread.join(timeout_s)
         self.sock.close()
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import random
+import re
 import time
 
 import httpx
 import numpy as np
+import pytest
 
 from control.agent import Agent
+from control.errors import ConfigError
 from control.plan import compile_plan
 from control.policy import build_policy
 from control.policy.types import StepView
+from control.service.client import Backoff
 from tests.conftest import make_profile
 from tests.service.conftest import AUTH, TOKEN, free_port
 from tests.service.driver import EngineThread, SyntheticEngine
@@ -55,7 +60,7 @@ def test_a_published_plan_reaches_the_agent_within_a_second_and_changes_k(clean_
     engine = SyntheticEngine(agent, profile.step_cost(), batch=16, step_sleep_s=0.002, gen_range=(64, 256))
     try:
         with EngineThread(engine):
-            _wait(lambda: agent.stats().plan_source == "service", 10, "the service's plan")
+            assert agent.wait_for_plan(lambda plan_id, plan: plan_id != "default", 10)
             n0 = engine.stats.steps
             _wait(lambda: engine.stats.steps > n0 + 20, 10, "steps on the service's plan")
             before = engine.stats.k_max_by_step[-10:]
@@ -124,3 +129,25 @@ def test_plans_the_executor_cannot_run_are_rejected_and_a_broken_step_fails_noth
                       drafters=("ngram",))
     d = agent.decide(broken)
     assert np.array_equal(d.k, np.zeros(3)) and agent.stats().policy_errors == 1
+
+
+def test_backoff_grows_with_jitter_up_to_its_cap():
+    b = Backoff(0.1, 1.0, rng=random.Random(4))
+    delays = [b.next() for _ in range(8)]
+    caps = [min(1.0, 0.1 * 2**i) for i in range(8)]
+    assert all(c / 2 <= d <= c for d, c in zip(delays, caps, strict=True))
+    assert len({round(d, 6) for d in delays[4:]}) == 4  # jittered: reconnecting agents do not stampede
+    b.reset()
+    assert b.next() <= 0.1
+
+
+def test_agent_configuration_is_validated():
+    profile = make_profile()
+    for kwargs, words in (({"url": "localhost:8700"}, "must look like http://HOST:PORT"),
+                          ({"url": "http://127.0.0.1:99999"}, "invalid port"),
+                          ({"drafters": ("eagle",)}, "none of the executor's drafters (eagle) is in profile"),
+                          ({"policy": "fast"}, "unknown policy 'fast'"),
+                          ({"max_k": 40}, "max_k = 40"),
+                          ({"source": "has space"}, "agent source 'has space'")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            Agent(profile, **kwargs)
