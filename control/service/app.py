@@ -114,6 +114,7 @@ class PlanHub:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._event = asyncio.Event()
         self._cache: tuple[str, bytes] | None = None
+        self._json: tuple[str, str] | None = None
         state.listeners.append(self._on_publish)
 
     def close(self) -> None:
@@ -136,10 +137,16 @@ class PlanHub:
     def event(self) -> asyncio.Event:
         return self._event
 
+    def message_json(self) -> str:
+        pid = self.state.plan_id
+        if self._json is None or self._json[0] != pid:
+            self._json = (pid, self.state.plan.to_json())
+        return self._json[1]
+
     def message(self) -> tuple[str, bytes]:
         pid = self.state.plan_id
         if self._cache is None or self._cache[0] != pid:
-            self._cache = (pid, f"id: {pid}\nevent: plan\ndata: {self.state.plan.to_json()}\n\n".encode())
+            self._cache = (pid, f"id: {pid}\nevent: plan\ndata: {self.message_json()}\n\n".encode())
         return self._cache
 
     async def stream(self, last_event_id: str | None, keepalive_s: float):
@@ -316,10 +323,12 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
         body = Ready(ready=ready, plan_version=state.version, plan_id=state.plan_id)
         return JSONResponse(status_code=200 if ready else 503, content=body.model_dump())
 
-    @app.get("/v1/plan", response_model=Plan, tags=["plans"])
-    async def get_plan():
-        return Response(content=state.plan.to_json(), media_type="application/json",
-                        headers={"ETag": f'"{state.plan_id}"', "X-Specctl-Plan-Id": state.plan_id})
+    @app.get("/v1/plan", response_model=Plan, tags=["plans"], responses={304: {"description": "the plan is unchanged"}})
+    async def get_plan(if_none_match: str | None = Header(default=None, max_length=256)):
+        headers = {"ETag": f'"{state.plan_id}"', "X-Specctl-Plan-Id": state.plan_id}
+        if if_none_match is not None and headers["ETag"] in (t.strip() for t in if_none_match.split(",")):
+            return Response(status_code=304, headers=headers)
+        return Response(content=hub.message_json(), media_type="application/json", headers=headers)
 
     @app.get("/v1/plan/stream", tags=["plans"], response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}},

@@ -22,6 +22,8 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 def _fmt(v: float) -> str:
     if v == 0:
         return "0"
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
     a = abs(v)
     if a >= 1000:
         return f"{v:,.0f}"
@@ -106,6 +108,31 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[float], Sequence
     return "".join(parts)
 
 
+def bucketed(points, now: float, window_s: float, max_points: int = 300) -> dict[str, list[float]]:
+    """Telemetry windows from every agent, merged into time buckets (weighted by what each measured)."""
+    width = max(1.0, window_s / max_points)
+    groups: dict[int, list] = {}
+    for p in points:
+        groups.setdefault(int((p.t - now) // width), []).append(p)
+    out: dict[str, list[float]] = {k: [] for k in ("t", "k", "batch", "max_batch", "acceptance", "measured", "predicted")}
+    nan = float("nan")
+    for key in sorted(groups):
+        g = groups[key]
+        steps = sum(p.steps for p in g)
+        rs = sum(p.request_steps for p in g)
+        trials = sum(p.trials for p in g)
+        pred = [(p.predicted_ms, p.steps) for p in g if p.predicted_ms == p.predicted_ms]
+        out["t"].append((key + 0.5) * width)
+        out["k"].append(sum(p.mean_k * p.request_steps for p in g) / rs if rs else nan)
+        out["batch"].append(rs / steps if steps else nan)
+        out["max_batch"].append(float(max(p.max_batch for p in g)))
+        out["acceptance"].append(sum(p.acceptance * p.trials for p in g if p.trials) / trials if trials else nan)
+        out["measured"].append(sum(p.measured_ms * p.steps for p in g if p.steps) / steps if steps else nan)
+        w = sum(n for _, n in pred)
+        out["predicted"].append(sum(v * n for v, n in pred) / w if w else nan)
+    return out
+
+
 def curve_inputs(state: ControlState) -> tuple[int, int, float]:
     """Batch size, context and acceptance of the current decision: the latest window's, else defaults."""
     plan = state.plan
@@ -129,18 +156,16 @@ def render(state: ControlState, explained: dict, *, refresh_s: int = 5, window_s
         marks=[(best, gs[best], f"k={best}")] if gs else [],
         hollow=[(r["k"], r["goodput_tok_s"]) for r in curve if not r["feasible"]],
     )
-    pts = [p for p in state.history if now - p.t <= window_s]
-    xs = [p.t - now for p in pts]
+    b = bucketed([p for p in state.history if now - p.t <= window_s], now, window_s)
+    xs = b["t"]
     charts = [
-        line_chart("draft length k (mean per request)", [("k", xs, [p.mean_k for p in pts])], xlabel="seconds",
-                   ylabel="k", ylim=(0.0, max([p.mean_k for p in pts] + [float(max(plan.max_k, 1))]))),
-        line_chart("decode batch size", [("mean", xs, [p.mean_batch for p in pts]),
-                                         ("max", xs, [float(p.max_batch) for p in pts])], xlabel="seconds",
-                   ylabel="requests"),
-        line_chart("acceptance (accepted / evaluated draft positions)", [("acceptance", xs, [p.acceptance for p in pts])],
+        line_chart("draft length k (mean per request)", [("k", xs, b["k"])], xlabel="seconds", ylabel="k",
+                   ylim=(0.0, max([k for k in b["k"] if k == k] + [float(max(plan.max_k, 1))]))),
+        line_chart("decode batch size (per agent)", [("mean", xs, b["batch"]), ("max", xs, b["max_batch"])],
+                   xlabel="seconds", ylabel="requests"),
+        line_chart("acceptance (accepted / evaluated draft positions)", [("acceptance", xs, b["acceptance"])],
                    xlabel="seconds", ylabel="rate", ylim=(0.0, 1.0)),
-        line_chart("step time", [("measured", xs, [p.measured_ms for p in pts]),
-                                 ("predicted (service model)", xs, [p.predicted_ms for p in pts])],
+        line_chart("step time", [("measured", xs, b["measured"]), ("predicted (service model)", xs, b["predicted"])],
                    xlabel="seconds", ylabel="ms"),
     ]
     st = state.status()

@@ -89,6 +89,8 @@ class HistoryPoint:
     acceptance: float  # accepted / evaluated draft positions over all drafters (NaN: none drafted)
     measured_ms: float  # mean step time
     predicted_ms: float  # the service model's mean prediction for the sampled steps (NaN: none)
+    request_steps: int = 0
+    trials: int = 0  # evaluated draft positions
 
 
 class Totals:
@@ -337,6 +339,7 @@ class ControlState:
             acceptance=accepted / trials if trials else math.nan,
             measured_ms=batch.measured_ms_sum / batch.steps if batch.steps else math.nan,
             predicted_ms=err.predicted_ms / err.count if err.count else math.nan,
+            request_steps=batch.request_steps, trials=trials,
         ))
 
     def reject(self, reason: str) -> None:

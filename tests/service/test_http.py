@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from xml.etree import ElementTree
 
 import httpx
 import pytest
@@ -41,6 +42,7 @@ def test_health_plan_and_openapi(service):
     plan = parse_plan(r.json())
     assert r.headers["x-specctl-plan-id"] == ready["plan_id"].rsplit(":", 1)[0] + f":{plan.version}"
     assert plan.profile.pair == "target+draft" and plan.policy == "adaptive"
+    assert c.get("/v1/plan", headers={"If-None-Match": r.headers["etag"]}).status_code == 304
     spec = c.get("/openapi.json").json()
     assert {"/v1/plan", "/v1/plan/stream", "/v1/telemetry", "/v1/overrides", "/metrics", "/"} <= set(spec["paths"])
     assert "HTTPBearer" in json.dumps(spec["paths"]["/v1/overrides"]["put"]["security"])
@@ -147,6 +149,8 @@ def test_dashboard_and_explain(service):
     page = r.text
     assert page.count("<svg") >= 5 and "goodput over k: batch 8, ctx 512, acceptance 0.70" in page
     assert not re.search(r'(src|href)="https?://', page)  # works offline: nothing loaded from elsewhere
+    for svg in re.findall(r"<svg.*?</svg>", page, re.S):
+        ElementTree.fromstring(svg)  # well-formed
     got = c.get("/v1/explain", params={"batch": 8, "ctx": 512, "acceptance": 0.7}).json()
     plan = parse_plan(c.get("/v1/plan").json())
     want = explain(plan.profile, 8, 512, 0.7, None, plan.max_k, None, None)
