@@ -372,6 +372,8 @@ class Agent:
             self._apply(pending)
         try:
             decision = self._policy.decide(view)
+            if decision.k.shape != (view.n,):
+                raise ValueError(f"decision for {decision.k.shape} requests in a step of {view.n}")
         except Exception as e:  # a policy bug must not fail requests: plain decoding is always correct
             decision = Decision.plain(view.n)
             self._error(f"policy {self._policy.name} failed in decide: {type(e).__name__}: {e}")
@@ -413,7 +415,11 @@ class Agent:
         self._applied_seq = p.seq
         old = self._plan
         if p.plan.policy == old.policy and hasattr(self._policy, "update_context"):
-            self._policy.update_context(p.policy.ctx)  # keep learned state
+            try:
+                self._policy.update_context(p.policy.ctx)  # keep learned state
+            except Exception as e:  # start afresh on the new plan rather than fail the step
+                self._error(f"policy {self._policy.name} could not take plan {p.plan_id}: {type(e).__name__}: {e}")
+                self._policy = p.policy
         else:
             self._policy = p.policy
         self._plan = p.plan

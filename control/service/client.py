@@ -250,9 +250,10 @@ class ServiceLink:
                 continue
             try:
                 body = self._payload(w)
-            except ValueError as e:  # non-finite numbers from the executor: nothing to send
+            except Exception as e:  # a window that cannot be encoded is dropped, never retried forever
                 self.rejected += 1
-                self.last_error = f"telemetry window not sendable: {e}"
+                self.last_error = f"telemetry window not sendable: {type(e).__name__}: {e}"
+                log.error("specctl agent: %s", self.last_error)
                 self._pop(q, w)
                 continue
             t0 = time.monotonic()
