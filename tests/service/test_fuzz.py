@@ -50,6 +50,7 @@ def restore_overrides(service):
     httpx.put(f"{service.url}/v1/overrides", json={}, headers=AUTH, timeout=5).raise_for_status()
 
 
+@pytest.mark.slow
 def test_fuzzed_requests_never_get_a_server_error(restore_overrides):
     url = restore_overrides.url
     problems, seen = _fuzz(url, AUTH, examples=40)
