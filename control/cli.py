@@ -20,6 +20,7 @@ COMMANDS = {
     "build": "control.commands.build",
     "explain": "control.commands.explain",
     "plan": "control.commands.plan",
+    "control-plane": "control.commands.control_plane",
 }
 
 

@@ -1,0 +1,537 @@
+"""The in-process agent: the controller an executor's engine loop calls every step.
+
+The agent is a ``Policy`` (``decide(view) -> Decision``, ``observe(outcome)``, and ``prune`` delegated
+to the current policy when it has one). It wraps the policy the current plan names
+(``control.policy.build_policy(plan.policy, plan)``) and follows the plans the control-plane service
+publishes:
+
+- On construction it compiles a default plan from the profile it is given (policy, K, SLO and
+  drafter set from configuration), so it serves from the first step whether or not a service ever
+  answers.
+- ``start()`` launches a background thread (``control.service.client.ServiceLink``) that subscribes
+  to the service's plan stream (reconnecting with exponential backoff and jitter, resuming from the
+  latest version) and posts telemetry about once a second.
+- A new plan is validated and its policy built on the background thread; the engine thread applies
+  it at the start of the next ``decide`` by swapping a reference. A plan naming the same policy keeps
+  the policy's learned state (``update_context``); a different policy replaces it. Nothing on the
+  engine thread waits on the network or takes a lock the network side holds.
+- ``observe`` aggregates telemetry into numpy accumulators (``TelemetryWindow``). About once a second
+  the engine thread moves the finished window onto a bounded queue; when the service is slow or down
+  the oldest windows are dropped and counted, never waited for.
+
+Usage from an engine loop (the Triton model hosts one agent per executor)::
+
+    agent = Agent(profile, url="http://127.0.0.1:8700", policy="adaptive", drafters=("draft", "ngram"))
+    agent.start()
+    ...                      # executor.set_policy(agent); the engine calls decide/prune/observe
+    agent.stop()             # after the engine loop has stopped: sends what is queued, joins the thread
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import re
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from control.errors import ConfigError
+from control.plan import SLO, Plan, compile_plan
+from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
+from control.policy.types import Decision, Policy, StepOutcome, StepView
+from control.profile import Profile
+from control.service.telemetry import K_BUCKETS, MAX_MS, SOURCE_PATTERN, TELEMETRY_SCHEMA
+
+log = logging.getLogger("specctl.agent")
+
+DEFAULT_PLAN_ID = "default"
+# A window closes early at this many request-steps (a fast simulator), which bounds the work of
+# turning it into a document on the network thread to a few tens of milliseconds.
+MAX_WINDOW_REQUEST_STEPS = 1 << 18
+
+
+def _segment_sums(x: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Sums of consecutive segments of ``x`` with lengths ``lens`` (empty segments sum to 0)."""
+    cs = np.concatenate([[0], np.cumsum(x)])
+    ends = np.cumsum(lens)
+    return cs[ends] - cs[ends - lens]
+
+
+class TelemetryWindow:
+    """Telemetry of one window of steps.
+
+    The engine thread only copies each step's arrays into preallocated buffers (a handful of slice
+    assignments, no per-step reductions); after ``Agent`` closes the window, the network thread turns
+    the buffers into the ``specctl.telemetry/v1`` document (``to_payload``): per drafter and draft
+    position the chain's trials and acceptances, the k histogram, per-step sums for a random sample
+    of steps, all vectorised over the whole window.
+    """
+
+    # Per request-step rows and per-step columns of the buffers.
+    R_K, R_DRAFTER, R_DRAFTED, R_VERIFIED, R_ACCEPTED, R_CTX = range(6)
+    S_N, S_VERIFY, S_DRAFT, S_TOTAL, S_PRED, S_PASSES, S_DCTX, S_DBATCH, S_FINISHED = range(9)
+
+    def __init__(self, drafters: tuple[str, ...], max_samples: int, started: float, rng: random.Random,
+                 capacity: int = 4096, step_capacity: int = 1024) -> None:
+        self.drafters = drafters
+        self.m = max(len(drafters), 1)
+        self.max_samples = max_samples
+        self.started = started
+        self.closed_at = started
+        self.rng = rng
+        self.req = np.zeros((6, max(capacity, 1)), dtype=np.int64)
+        self.step_rows = np.zeros((max(step_capacity, 1), 9))
+        self.pos = 0  # request-steps filled
+        self.steps = 0
+        self._decided = -1  # n of the decision waiting for its outcome
+
+    def _grow(self, n: int) -> None:
+        need = self.pos + n
+        if need > self.req.shape[1]:
+            grown = np.zeros((6, max(need, 2 * self.req.shape[1])), dtype=np.int64)
+            grown[:, : self.pos] = self.req[:, : self.pos]
+            self.req = grown
+
+    # -- engine thread -----------------------------------------------------------------------------
+    def on_decide(self, k: np.ndarray) -> None:
+        n = k.shape[0]
+        self._grow(n)
+        self.req[self.R_K, self.pos: self.pos + n] = k
+        self._decided = n
+
+    def on_outcome(self, o: StepOutcome, predicted_ms: float) -> None:
+        n = o.n
+        p = self.pos
+        r = self.req
+        if self._decided != n:  # no matching decision (an executor that skipped decide): k = drafted
+            self._grow(n)
+            r = self.req
+            r[self.R_K, p: p + n] = o.drafted
+        self._decided = -1
+        e = p + n
+        r[self.R_DRAFTER, p:e] = o.drafter
+        r[self.R_DRAFTED, p:e] = o.drafted
+        r[self.R_VERIFIED, p:e] = o.verified
+        r[self.R_ACCEPTED, p:e] = o.accepted
+        r[self.R_CTX, p:e] = o.ctx_lens
+        self.pos = e
+        s = self.steps
+        if s == self.step_rows.shape[0]:
+            self.step_rows = np.concatenate([self.step_rows, np.zeros_like(self.step_rows)])
+        self.step_rows[s] = (n, o.verify_ms, o.draft_ms, o.total_ms, predicted_ms, o.draft_passes, o.draft_ctx_tokens,
+                             o.draft_batched_tokens, o.finished.shape[0])
+        self.steps = s + 1
+
+    # -- network thread ----------------------------------------------------------------------------
+    def to_payload(self, *, source: str, seq: int, plan_version: int, plan_id: str, dropped_windows: int,
+                   dropped_steps: int, known: set[str] | None = None) -> dict[str, Any]:
+        """The ``specctl.telemetry/v1`` document for this window.
+
+        ``known``: drafter names the service knows (the plan's profile); others are left out of the
+        per-drafter statistics, so one unknown drafter does not get the whole window refused.
+        """
+        m, top = self.m, K_BUCKETS - 1
+        R = self.req[:, : self.pos]
+        S = self.step_rows[: self.steps]
+        k, drafter, drafted, verified, accepted, ctx = R
+        d = np.clip(drafter, 0, m - 1)
+        drafted = np.maximum(drafted, 0)
+        verified = np.clip(np.minimum(verified, drafted), 0, top)
+        accepted = np.clip(np.minimum(accepted, verified), 0, top)
+        spec = drafted > 0
+        n_step = S[:, self.S_N].astype(np.int64)
+        spec_per_step = _segment_sums(spec, n_step)
+        times = S[:, [self.S_VERIFY, self.S_DRAFT, self.S_TOTAL]]
+        ok_time = np.all(np.isfinite(times) & (times >= 0) & (times <= MAX_MS), axis=1)  # corrupt timings stay out
+        total = np.where(ok_time, S[:, self.S_TOTAL], 0.0)
+        pred = S[:, self.S_PRED]
+        has_pred = np.isfinite(pred) & (pred >= 0) & (pred <= MAX_MS)
+
+        # Chain trials per (drafter, position): requests whose chain evaluated more than j positions.
+        size = m * K_BUCKETS
+        base = d * K_BUCKETS
+        tried = np.bincount(base + np.where(spec, np.minimum(accepted + 1, verified), 0), minlength=size).reshape(m, K_BUCKETS)
+        acc = np.bincount(base + np.where(spec, accepted, 0), minlength=size).reshape(m, K_BUCKETS)
+        trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+        acc_pos = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+        tok = np.stack([np.bincount(d, weights=w, minlength=m) for w in (spec, drafted * spec, verified * spec,
+                                                                        accepted * spec)]).astype(np.int64)
+        drafters, remap = [], {}
+        for i, name in enumerate(self.drafters):
+            if tok[1, i] == 0 or (known is not None and name not in known):
+                continue
+            last = int(np.flatnonzero(trials[i])[-1]) + 1 if trials[i].any() else 0
+            remap[i] = len(drafters)
+            drafters.append({
+                "name": name, "requests": int(tok[0, i]), "drafted": int(tok[1, i]), "verified": int(tok[2, i]),
+                "accepted": int(tok[3, i]), "position_trials": trials[i, :last].tolist(),
+                "position_accepted": acc_pos[i, :last].tolist(),
+            })
+        doc: dict[str, Any] = {
+            "schema": TELEMETRY_SCHEMA, "source": source, "seq": seq, "plan_version": plan_version, "plan_id": plan_id,
+            "window_s": max(self.closed_at - self.started, 1e-6), "steps": self.steps,
+            "spec_steps": int((spec_per_step > 0).sum()), "request_steps": self.pos, "ctx_tokens": int(ctx.sum()),
+            "max_batch": int(n_step.max(initial=0)), "finished": int(S[:, self.S_FINISHED].sum()),
+            "k_hist": np.bincount(np.clip(k, 0, top), minlength=K_BUCKETS).tolist(),
+            "measured_ms_sum": float(total.sum()), "predicted_steps": int(has_pred.sum()),
+            "predicted_ms_sum": float(pred[has_pred].sum()), "predicted_measured_ms_sum": float(total[has_pred].sum()),
+            "drafters": drafters, "dropped_windows": dropped_windows, "dropped_steps": dropped_steps,
+        }
+        # A uniform random sample of the steps with sound timings, with the cost model's features.
+        idx = np.flatnonzero(ok_time)
+        if idx.size > self.max_samples:
+            idx = np.sort(np.asarray(self.rng.sample(range(idx.size), self.max_samples)))
+            idx = np.flatnonzero(ok_time)[idx]
+        if idx.size:
+            lens = n_step[idx]
+            first = np.cumsum(n_step)[idx] - lens
+            rows = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))  # their request-steps
+
+            def per_step(x: np.ndarray) -> np.ndarray:
+                return _segment_sums(x[rows], lens)
+
+            spec_d = {j: per_step(spec & (d == j)) for j in remap}
+            n_spec = spec_per_step[idx]
+            used = np.full(idx.size, -1, dtype=np.int64)
+            for j, out in remap.items():
+                used[(n_spec > 0) & (spec_d[j] == n_spec)] = out
+            s = S[idx]
+            doc["samples"] = {
+                "batch": lens.tolist(), "ctx_tokens": per_step(ctx).tolist(),
+                "verify_tokens": (per_step(verified * spec) + lens).tolist(),
+                "verify_ms": s[:, self.S_VERIFY].tolist(), "draft_ms": s[:, self.S_DRAFT].tolist(),
+                "total_ms": s[:, self.S_TOTAL].tolist(),
+                "predicted_ms": [v if has else None for v, has in zip(s[:, self.S_PRED].tolist(), has_pred[idx].tolist(),
+                                                                     strict=True)],
+                "draft_passes": s[:, self.S_PASSES].astype(np.int64).tolist(),
+                "draft_ctx_tokens": s[:, self.S_DCTX].astype(np.int64).tolist(),
+                "draft_batched_tokens": s[:, self.S_DBATCH].astype(np.int64).tolist(),
+                "drafter": used.tolist(), "drafted": per_step(drafted).tolist(),
+                "accepted": per_step(accepted * spec).tolist(),
+            }
+        return doc
+
+
+@dataclass(slots=True)
+class AgentStats:
+    """What the agent reports about itself (for the hosting model's /metrics and for tests)."""
+
+    policy: str
+    plan_version: int
+    plan_id: str
+    plan_source: str  # "default" (compiled locally) or "service"
+    plans_applied: int
+    plans_rejected: int
+    connected: bool
+    subscriptions: int  # successful connections to the plan stream
+    connect_failures: int
+    steps: int
+    policy_errors: int
+    telemetry_sent: int
+    telemetry_rejected: int
+    telemetry_post_failures: int
+    dropped_windows: int
+    dropped_steps: int
+    queued_windows: int
+    last_error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True, frozen=True)
+class _Pending:
+    """A validated plan with its freshly built policy, waiting for the engine thread."""
+
+    seq: int
+    plan: Plan
+    plan_id: str
+    policy: Policy
+    received: float
+
+
+def _check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"control URL '{url}' must look like http://HOST:PORT (e.g. http://127.0.0.1:8700)")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ConfigError(f"control URL '{url}' has an invalid port; use 1..65535") from None
+    return url.rstrip("/")
+
+
+class Agent:
+    """A ``Policy`` that follows the control-plane service's plans; see the module docstring.
+
+    Args:
+        profile: the deployment's profile; the default plan is compiled from it.
+        url: the control-plane service (``http://127.0.0.1:8700``); None = run on the default plan only.
+        policy, max_k, slo: the default plan's policy, maximum draft length and TPOT SLO.
+        drafters: the executor's drafter names (index = the executor's drafter id). The default plan
+            uses the profile's drafters that the executor has; a service plan that shares none of
+            them is rejected.
+        token: bearer token for telemetry posts (default: the SPECCTL_TOKEN environment variable).
+        source: this agent's id in telemetry (default: host pid).
+        telemetry_interval_s: window length; queue_windows: bounded queue of closed windows;
+        max_samples: step samples per window for the service's refit.
+        backoff_initial_s / backoff_max_s: reconnect backoff (exponential with jitter).
+        timeout_s: connect and post timeout; keepalive_timeout_s: a plan stream silent for this long
+            (the service sends keepalives) is considered dead and reconnected.
+    """
+
+    def __init__(self, profile: Profile, *, url: str | None = None, policy: str = "adaptive",
+                 drafters: Sequence[str] | None = None, max_k: int = 8, slo: SLO | None = None,
+                 token: str | None = None, source: str | None = None, telemetry_interval_s: float = 1.0,
+                 queue_windows: int = 8, max_samples: int = 256, backoff_initial_s: float = 0.25,
+                 backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0,
+                 seed: int = 0) -> None:
+        from control.policy.registry import build_policy
+
+        if not 0 <= max_k <= MAX_K_LIMIT:
+            raise ConfigError(f"max_k = {max_k!r}: must be in 0..{MAX_K_LIMIT}")
+        if not (math.isfinite(telemetry_interval_s) and telemetry_interval_s > 0):
+            raise ConfigError(f"telemetry_interval_s = {telemetry_interval_s!r}: must be a number > 0")
+        if queue_windows < 1:
+            raise ConfigError(f"queue_windows = {queue_windows!r}: must be >= 1")
+        if not 0 <= max_samples <= 4096:
+            raise ConfigError(f"max_samples = {max_samples!r}: must be in 0..4096")
+        if not (0 < backoff_initial_s <= backoff_max_s):
+            raise ConfigError(f"backoff: need 0 < backoff_initial_s ({backoff_initial_s}) <= backoff_max_s ({backoff_max_s})")
+        spec = str(parse_policy_spec(policy))
+        self.drafters = tuple(drafters) if drafters is not None else tuple(profile.drafter_names)
+        active = [d for d in profile.drafter_names if d in self.drafters]
+        if not active:
+            raise ConfigError(f"none of the executor's drafters ({', '.join(self.drafters) or 'none'}) is in profile "
+                              f"{profile.sku}/{profile.pair}; it has: {', '.join(profile.drafter_names)}")
+        self.url = _check_url(url) if url else None
+        self.token = token if token is not None else os.environ.get("SPECCTL_TOKEN")
+        if source is not None and not re.fullmatch(SOURCE_PATTERN, source):
+            raise ConfigError(f"agent source {source!r}: use 1..128 of A-Z a-z 0-9 _ . : @ / -")
+        self.source = source or re.sub(r"[^A-Za-z0-9_.:@/\-]", "-", f"{os.uname().nodename}-{os.getpid()}")[:128]
+        self.interval = float(telemetry_interval_s)
+        self.max_samples = int(max_samples)
+        self.seed = seed
+        self.link_options = {"backoff_initial_s": backoff_initial_s, "backoff_max_s": backoff_max_s,
+                             "timeout_s": timeout_s, "keepalive_timeout_s": keepalive_timeout_s}
+
+        plan = compile_plan(profile, policy=spec, max_k=max_k, slo=slo or SLO(), drafters=active,
+                            reason="agent default: no plan from the control-plane service yet")
+        self.default_plan = plan
+        self._plan = plan
+        self._plan_id = DEFAULT_PLAN_ID
+        self._policy: Policy = build_policy(spec, plan, seed=seed)
+        # Hand-over from the network thread: a reference, replaced whole (latest wins), never locked.
+        self._pending: _Pending | None = None
+        self._applied_seq = 0
+        self._pending_seq = 0
+        self.plans_applied = 0
+        self.plans_rejected = 0
+        self.last_apply_delay_s = 0.0
+        self.steps = 0
+        self.policy_errors = 0
+        self.last_error = ""
+        # Telemetry: the open window (engine thread) and the queue of closed ones (network thread).
+        self._rng = random.Random(seed)
+        self._window: TelemetryWindow | None = None
+        self.queue: deque[TelemetryWindow] = deque(maxlen=queue_windows)
+        self.dropped_windows = 0
+        self.dropped_steps = 0
+        self._last_decision: Decision | None = None
+        self._link = None
+        self._stopped_link = None
+
+    # -- the Policy protocol (engine thread) -------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._policy.name
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    @property
+    def plan_id(self) -> str:
+        return self._plan_id
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def decide(self, view: StepView) -> Decision:
+        pending = self._pending
+        if pending is not None and pending.seq != self._applied_seq:
+            self._apply(pending)
+        try:
+            decision = self._policy.decide(view)
+            if decision.k.shape != (view.n,):
+                raise ValueError(f"decision for {decision.k.shape} requests in a step of {view.n}")
+        except Exception as e:  # a policy bug must not fail requests: plain decoding is always correct
+            decision = Decision.plain(view.n)
+            self._error(f"policy {self._policy.name} failed in decide: {type(e).__name__}: {e}")
+        self._last_decision = decision
+        w = self._window
+        if w is None or w.drafters != view.drafters:
+            w = self._open_window(view.drafters)
+        w.on_decide(decision.k)
+        return decision
+
+    def prune(self, view: StepView, decision: Decision, drafted: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+        prune = getattr(self._policy, "prune", None)
+        if prune is None:
+            return drafted
+        try:
+            return prune(view, decision, drafted, confidence)
+        except Exception as e:
+            self._error(f"policy {self._policy.name} failed in prune: {type(e).__name__}: {e}")
+            return drafted
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.steps += 1
+        try:
+            self._policy.observe(outcome)
+        except Exception as e:
+            self._error(f"policy {self._policy.name} failed in observe: {type(e).__name__}: {e}")
+        d = self._last_decision
+        predicted = d.predicted_step_ms if d is not None and d.k.shape[0] == outcome.n else float("nan")
+        w = self._window
+        if w is None:
+            return
+        w.on_outcome(outcome, predicted)
+        now = time.monotonic()
+        if now - w.started >= self.interval or w.pos >= MAX_WINDOW_REQUEST_STEPS:
+            self._close_window(now)
+
+    # -- plans -------------------------------------------------------------------------------------
+    def _apply(self, p: _Pending) -> None:
+        self._applied_seq = p.seq
+        old = self._plan
+        if p.plan.policy == old.policy and hasattr(self._policy, "update_context"):
+            try:
+                self._policy.update_context(p.policy.ctx)  # keep learned state
+            except Exception as e:  # start afresh on the new plan rather than fail the step
+                self._error(f"policy {self._policy.name} could not take plan {p.plan_id}: {type(e).__name__}: {e}")
+                self._policy = p.policy
+        else:
+            self._policy = p.policy
+        self._plan = p.plan
+        self._plan_id = p.plan_id
+        self.plans_applied += 1
+        self.last_apply_delay_s = time.monotonic() - p.received
+
+    def offer_plan(self, plan: Plan, plan_id: str) -> bool:
+        """Validate ``plan`` and build its policy (network thread); the engine applies it on its next step.
+
+        Returns False (and counts a rejection) for a plan this executor cannot run.
+        """
+        from control.policy.registry import build_policy
+
+        pending = self._pending
+        latest = pending.plan_id if pending is not None and pending.seq != self._applied_seq else self._plan_id
+        if plan_id == latest:
+            return True
+        if not set(plan.drafters) & set(self.drafters):
+            self.plans_rejected += 1
+            self.last_error = (f"plan {plan_id} rejected: its drafters ({', '.join(plan.drafters)}) are not among "
+                               f"this executor's ({', '.join(self.drafters)})")
+            log.warning(self.last_error)
+            return False
+        try:
+            policy = build_policy(plan.policy, plan, seed=self.seed)
+        except Exception as e:
+            self.plans_rejected += 1
+            self.last_error = f"plan {plan_id} rejected: {e}"
+            log.warning(self.last_error)
+            return False
+        self._pending_seq += 1
+        self._pending = _Pending(self._pending_seq, plan, plan_id, policy, time.monotonic())
+        return True
+
+    # -- telemetry (engine thread) -----------------------------------------------------------------
+    def _open_window(self, drafters: tuple[str, ...]) -> TelemetryWindow:
+        now = time.monotonic()
+        if self._window is not None and self._window.steps:
+            self._close_window(now)
+        self._window = TelemetryWindow(drafters, self.max_samples, now, self._rng)
+        return self._window
+
+    def _close_window(self, now: float) -> None:
+        w = self._window
+        w.closed_at = now
+        # Size the next window's buffers from this one's use, so they rarely grow mid-window.
+        self._window = TelemetryWindow(w.drafters, self.max_samples, now, self._rng, capacity=max(4096, w.pos + w.pos // 4),
+                                       step_capacity=max(1024, w.steps + w.steps // 4))
+        if self.url is None:
+            return
+        q = self.queue
+        while len(q) >= q.maxlen:  # full: the service is slow or away; drop the oldest and count it
+            try:
+                oldest = q.popleft()
+            except IndexError:  # the network thread just took it
+                break
+            self.dropped_windows += 1
+            self.dropped_steps += oldest.steps
+        q.append(w)
+
+    def _error(self, msg: str) -> None:
+        self.policy_errors += 1
+        if msg != self.last_error:
+            log.error(msg)
+        self.last_error = msg
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> Agent:
+        """Start the background subscription and telemetry thread (no-op without a URL or if running)."""
+        if self.url is None or self._link is not None:
+            return self
+        from control.service.client import ServiceLink
+
+        self._link = ServiceLink(self, self.url, token=self.token, **self.link_options)
+        self._link.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Close the open window, try to send what is queued (up to ``timeout_s``), join the thread.
+
+        Call after the engine loop has stopped (the open window belongs to the engine thread).
+        """
+        link = self._link
+        if link is None:
+            return
+        if self._window is not None and self._window.steps:
+            self._close_window(time.monotonic())
+        link.stop(timeout_s)
+        self._link = None
+        self._stopped_link = link
+
+    def wait_for_plan(self, predicate, timeout_s: float) -> bool:
+        """Block until ``predicate(plan_id, plan)`` holds for an offered or applied plan (tests, tools)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            p = self._pending
+            if predicate(self._plan_id, self._plan) or (p is not None and predicate(p.plan_id, p.plan)):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def stats(self) -> AgentStats:
+        link = self._link or self._stopped_link
+        return AgentStats(
+            policy=self._plan.policy, plan_version=self._plan.version, plan_id=self._plan_id,
+            plan_source="default" if self._plan_id == DEFAULT_PLAN_ID else "service",
+            plans_applied=self.plans_applied, plans_rejected=self.plans_rejected,
+            connected=bool(link and link.connected), subscriptions=link.subscriptions if link else 0,
+            connect_failures=link.connect_failures if link else 0, steps=self.steps,
+            policy_errors=self.policy_errors, telemetry_sent=link.sent if link else 0,
+            telemetry_rejected=link.rejected if link else 0, telemetry_post_failures=link.post_failures if link else 0,
+            dropped_windows=self.dropped_windows, dropped_steps=self.dropped_steps, queued_windows=len(self.queue),
+            last_error=self.last_error or (link.last_error if link else ""),
+        )

@@ -1,0 +1,292 @@
+"""The agent's network side: the plan stream subscription and telemetry posts, off the engine thread.
+
+``ServiceLink`` runs one daemon thread with its own asyncio event loop and two tasks:
+
+- plans: ``GET /v1/plan/stream`` (Server-Sent Events, one ``plan`` event with the full plan JSON per
+  version, ``id: <service instance>:<version>``). On any failure (refused, reset, a stream silent
+  longer than the keepalive timeout, a non-200 answer) it reconnects after an exponential backoff
+  with jitter, sending ``Last-Event-ID`` so the service resends only what is newer. Each plan is
+  validated and its policy built here; the agent applies it on the engine thread.
+- telemetry: closed windows wait in the agent's bounded queue; this task posts the oldest to
+  ``POST /v1/telemetry`` and removes it once the service accepted it (2xx) or refused it for good
+  (4xx, counted as rejected). While the service is away the queue fills and the agent drops the
+  oldest windows (counted); nothing here ever makes the engine wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from control.errors import ConfigError
+
+if TYPE_CHECKING:
+    from control.agent import Agent, TelemetryWindow
+
+log = logging.getLogger("specctl.agent")
+
+POLL_S = 0.2  # how often the telemetry task looks at the queue
+
+
+class Backoff:
+    """Exponential backoff with jitter: the n-th delay is uniform in [d/2, d], d = min(max, initial * 2^n)."""
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        if not (0 < initial_s <= max_s):
+            raise ConfigError(f"backoff: need 0 < initial ({initial_s}) <= max ({max_s}) seconds")
+        self.initial = initial_s
+        self.max = max_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next(self) -> float:
+        d = min(self.max, self.initial * (2.0 ** min(self.attempt, 30)))
+        self.attempt += 1
+        return self._rng.uniform(d / 2.0, d)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    event: str
+    id: str | None
+    data: str
+
+
+async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
+    """Server-Sent Events from a stream of lines (the subset of the spec the service uses)."""
+    event, eid, data = "message", None, []
+    async for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line:
+            if data:
+                yield SSEEvent(event, eid, "\n".join(data))
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue  # comment (keepalive)
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+        elif field == "id":
+            eid = value
+
+
+class ServiceLink:
+    """Background subscription and telemetry for one ``Agent`` (see the module docstring)."""
+
+    def __init__(self, agent: Agent, url: str, *, token: str | None, backoff_initial_s: float = 0.25,
+                 backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0) -> None:
+        self.agent = agent
+        self.url = url
+        self.token = token
+        self.backoff = (backoff_initial_s, backoff_max_s)
+        self.timeout_s = timeout_s
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self.connected = False
+        self.subscriptions = 0
+        self.connect_failures = 0
+        self.sent = 0
+        self.rejected = 0
+        self.post_failures = 0
+        self.last_error = ""
+        self.last_plan_id: str | None = None
+        self._seq = 0
+        self._stop_timeout = 2.0
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._rng = random.Random(agent.seed + 1)
+
+    # -- lifecycle (any thread) --------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="specctl-agent-link", daemon=True)
+        self._thread.start()
+        self._started.wait(5.0)
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop_timeout = timeout_s
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop already finished
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout_s + 2.0)
+            if self._thread.is_alive():
+                log.warning("specctl agent: the network thread did not stop within %.1f s", timeout_s + 2.0)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as e:  # never let the thread die silently
+            self.last_error = f"network thread stopped: {type(e).__name__}: {e}"
+            log.error(self.last_error)
+
+    async def _main(self) -> None:
+        import httpx
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._started.set()
+        headers = {"User-Agent": "specctl-agent"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        limits = httpx.Limits(max_connections=4, max_keepalive_connections=2)
+        async with httpx.AsyncClient(headers=headers, limits=limits, trust_env=False) as client:
+            plans = asyncio.create_task(self._plan_loop(client))
+            telemetry = asyncio.create_task(self._telemetry_loop(client))
+            await self._stop.wait()
+            plans.cancel()
+            # Last chance for queued telemetry, bounded by the stop timeout.
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(telemetry, timeout=self._stop_timeout)
+            for t in (plans, telemetry):
+                t.cancel()
+            await asyncio.gather(plans, telemetry, return_exceptions=True)
+        self.connected = False
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep unless stopped; True when stopping."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+            return True
+        except TimeoutError:
+            return False
+
+    # -- plans ---------------------------------------------------------------------------------------
+    async def _plan_loop(self, client) -> None:
+        import httpx
+
+        backoff = Backoff(*self.backoff, rng=self._rng)
+        timeout = httpx.Timeout(self.timeout_s, read=self.keepalive_timeout_s)
+        was_up = None
+        while not self._stop.is_set():
+            try:
+                headers = {"Accept": "text/event-stream"}
+                if self.last_plan_id:
+                    headers["Last-Event-ID"] = self.last_plan_id
+                async with client.stream("GET", f"{self.url}/v1/plan/stream", headers=headers, timeout=timeout) as r:
+                    if r.status_code != 200:
+                        body = (await r.aread()).decode("utf-8", "replace")[:200]
+                        raise RuntimeError(f"plan stream answered HTTP {r.status_code}: {body}")
+                    self.connected = True
+                    self.subscriptions += 1
+                    backoff.reset()
+                    if was_up is not True:
+                        log.info("specctl agent: subscribed to plans at %s", self.url)
+                    was_up = True
+                    async for ev in iter_sse(r.aiter_lines()):
+                        if ev.event == "plan":
+                            self._on_plan(ev)
+                raise RuntimeError("the service closed the plan stream")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.connected = False
+                self.connect_failures += 1
+                msg = f"plan stream at {self.url}: {type(e).__name__}: {e}".rstrip(": ")
+                self.last_error = msg
+                if was_up is not False:
+                    log.warning("specctl agent: %s; serving on plan %s, reconnecting with backoff",
+                                msg, self.agent.plan_id)
+                was_up = False
+            if await self._sleep(backoff.next()):
+                return
+
+    def _on_plan(self, ev: SSEEvent) -> None:
+        from control.plan import parse_plan
+
+        plan_id = ev.id or "?"
+        try:
+            plan = parse_plan(json.loads(ev.data), where=f"plan {plan_id} from {self.url}")
+        except (ConfigError, ValueError) as e:
+            self.agent.plans_rejected += 1
+            self.last_error = str(e)
+            log.warning("specctl agent: %s", e)
+            return
+        if self.agent.offer_plan(plan, plan_id):
+            self.last_plan_id = plan_id
+
+    # -- telemetry -------------------------------------------------------------------------------------
+    def _payload(self, w: TelemetryWindow) -> bytes:
+        body = getattr(w, "body", None)
+        if body is None:
+            self._seq += 1
+            a = self.agent
+            plan = a.plan
+            doc = w.to_payload(source=a.source, seq=self._seq, plan_version=plan.version, plan_id=a.plan_id,
+                               dropped_windows=a.dropped_windows, dropped_steps=a.dropped_steps,
+                               known=set(plan.profile.drafter_names))
+            body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+            w.body = body
+        return body
+
+    async def _telemetry_loop(self, client) -> None:
+        backoff = Backoff(min(0.25, self.backoff[1]), max(self.backoff[1], 0.25), rng=self._rng)
+        q = self.agent.queue
+        url = f"{self.url}/v1/telemetry"
+        while True:
+            if not q:
+                if (self._stop.is_set() or await self._sleep(POLL_S)) and not q:
+                    return
+                continue
+            try:
+                w = q[0]
+            except IndexError:
+                continue
+            try:
+                body = self._payload(w)
+            except Exception as e:  # a window that cannot be encoded is dropped, never retried forever
+                self.rejected += 1
+                self.last_error = f"telemetry window not sendable: {type(e).__name__}: {e}"
+                log.error("specctl agent: %s", self.last_error)
+                self._pop(q, w)
+                continue
+            t0 = time.monotonic()
+            try:
+                r = await client.post(url, content=body, headers={"Content-Type": "application/json"},
+                                      timeout=self.timeout_s)
+                status = r.status_code
+                detail = r.text[:300] if status >= 400 else ""
+            except Exception as e:
+                status, detail = 0, f"{type(e).__name__}: {e}"
+            if 200 <= status < 300:
+                self.sent += 1
+                backoff.reset()
+                self._pop(q, w)
+            elif 400 <= status < 500 and status not in (408, 429):
+                self.rejected += 1
+                msg = f"telemetry refused by the service (HTTP {status}): {detail}"
+                if msg != self.last_error:
+                    log.warning("specctl agent: %s", msg)
+                self.last_error = msg
+                self._pop(q, w)
+            else:
+                self.post_failures += 1
+                self.last_error = f"telemetry post failed: {detail or f'HTTP {status}'}"
+                if self._stop.is_set():
+                    return
+                if await self._sleep(max(backoff.next() - (time.monotonic() - t0), 0.0)):
+                    continue  # stopping: one more pass to flush if the service is back
+
+    @staticmethod
+    def _pop(q, w) -> None:
+        try:
+            if q[0] is w:
+                q.popleft()
+        except IndexError:
+            pass

@@ -1,0 +1,239 @@
+"""What the service learns from telemetry: acceptance per drafter and position, and the cost model.
+
+- ``AcceptanceTracker``: per drafter and draft position, trials and acceptances from every agent,
+  decayed with a half-life in wall-clock time (so the estimate follows a changing workload, however
+  many agents post). Rates are shrunk to the drafter's pooled rate (positions) and to the profile's
+  prior (the pool), each worth a few pseudo-trials.
+- ``CostRefit``: a windowed non-negative least-squares refit of each model's T = a*N_ctx +
+  b*N_batched + c*passes from the step samples, regularised toward the profile's coefficients.
+  The regularisation keeps directions the live load does not excite (a steady batch size says
+  nothing about how cost grows with batch) at the profiled values, and a sliding window (not
+  recursive least squares with forgetting) cannot wind up during long steady periods.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from control.goodput.cost import LinearCost
+from control.goodput.stepcost import DrafterKind
+from control.policy.spec import MAX_K_LIMIT
+from control.profile import CostCoeffs, Profile
+from control.service.telemetry import TelemetryBatch
+
+RATE_MIN, RATE_MAX = 0.001, 0.995
+
+
+class AcceptanceTracker:
+    def __init__(self, profile: Profile, *, halflife_s: float = 60.0, prior_trials: float = 20.0) -> None:
+        self.names = tuple(profile.drafter_names)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        m, K = len(self.names), MAX_K_LIMIT
+        self.prior = np.array([profile.acceptance.get(n, 0.6) for n in self.names])
+        self.prior_trials = float(prior_trials)
+        self.halflife_s = float(halflife_s)
+        self.trials = np.zeros((m, K))
+        self.succ = np.zeros((m, K))
+        self._t_last: float | None = None
+
+    def decay_to(self, now: float) -> None:
+        if self._t_last is not None and now > self._t_last:
+            f = 0.5 ** ((now - self._t_last) / self.halflife_s)
+            self.trials *= f
+            self.succ *= f
+        self._t_last = now if self._t_last is None else max(self._t_last, now)
+
+    def add(self, batch: TelemetryBatch, now: float) -> None:
+        self.decay_to(now)
+        for d in batch.drafters:
+            i = self.index[d.name]
+            n = len(d.position_trials)
+            self.trials[i, :n] += d.position_trials
+            self.succ[i, :n] += d.position_accepted
+
+    def live_trials(self, name: str) -> float:
+        return float(self.trials[self.index[name]].sum())
+
+    def pooled(self, name: str) -> float:
+        i = self.index[name]
+        r = (self.succ[i].sum() + self.prior[i] * self.prior_trials) / (self.trials[i].sum() + self.prior_trials)
+        return float(np.clip(r, RATE_MIN, RATE_MAX))
+
+    def positions(self, name: str, k: int = MAX_K_LIMIT) -> np.ndarray:
+        """Conditional acceptance per position 1..k, each shrunk to the drafter's pooled rate."""
+        i = self.index[name]
+        pooled = self.pooled(name)
+        r = (self.succ[i, :k] + pooled * self.prior_trials) / (self.trials[i, :k] + self.prior_trials)
+        return np.clip(r, RATE_MIN, RATE_MAX)
+
+    def position_trials(self, name: str) -> np.ndarray:
+        return self.trials[self.index[name]]
+
+
+def fit_with_prior(X: np.ndarray, y: np.ndarray, prior: np.ndarray, prior_weight: float) -> np.ndarray:
+    """argmin ||X c - y||^2 + w * ||S (c - prior)||^2 subject to c >= 0, S = the column scales.
+
+    Columns are scaled by their largest magnitude (over the data and 1) so coefficients that differ
+    by orders of magnitude are fitted equally well, and the prior counts as ``w`` observations at
+    the scale of the largest feature values.
+    """
+    scale = np.maximum(np.abs(X).max(axis=0) if X.size else np.ones(X.shape[1]), 1.0)
+    Xs = X / scale
+    sw = math.sqrt(max(prior_weight, 0.0))
+    A = np.vstack([Xs, sw * np.eye(X.shape[1])])
+    b = np.concatenate([y, sw * prior * scale])
+    coef, _ = nnls(A, b)
+    return coef / scale
+
+
+class _Window:
+    """A ring buffer of (n_ctx, n_batched, passes, t_ms) observations for one model."""
+
+    def __init__(self, size: int) -> None:
+        self.buf = np.zeros((size, 4))
+        self.n = 0
+        self.i = 0
+
+    def add(self, rows: np.ndarray) -> None:
+        size = self.buf.shape[0]
+        rows = rows[-size:]
+        k = rows.shape[0]
+        end = self.i + k
+        if end <= size:
+            self.buf[self.i:end] = rows
+        else:
+            first = size - self.i
+            self.buf[self.i:] = rows[:first]
+            self.buf[: k - first] = rows[first:]
+        self.i = end % size
+        self.n = min(self.n + k, size)
+
+    def data(self) -> np.ndarray:
+        return self.buf[: self.n]
+
+
+@dataclass(slots=True)
+class ModelError:
+    """Predicted vs measured step time for a set of samples, under the model in force before them."""
+
+    count: int = 0
+    predicted_ms: float = 0.0
+    measured_ms: float = 0.0
+    abs_pct: float = 0.0
+
+
+class CostRefit:
+    """Windowed, prior-regularised NNLS refit of every model in the profile (see the module docstring)."""
+
+    def __init__(self, profile: Profile, *, window: int = 2048, min_samples: int = 32, prior_weight: float = 1.0) -> None:
+        self.base = profile
+        self.min_samples = int(min_samples)
+        self.prior_weight = float(prior_weight)
+        self.windows = {key: _Window(window) for key in profile.models}
+        self.coeffs: dict[str, CostCoeffs] = dict(profile.models)
+        # Which model a drafter's draft time refits, and the constant to subtract (self-speculation runs
+        # the target with a capped KV: its draft passes are not the target's cost, so they are not used).
+        self._draft_model: dict[str, tuple[str, float]] = {}
+        for d in profile.drafters:
+            if d.kind in (DrafterKind.draft_model, DrafterKind.eagle) and d.model and d.model != "target":
+                self._draft_model[d.name] = (d.model, d.cost_ms)
+        self.samples_seen = 0
+
+    def samples_in(self, key: str) -> int:
+        return self.windows[key].n
+
+    def predict_total(self, batch: TelemetryBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted, measured) total step ms for the batch's samples the current model can predict."""
+        s = batch.samples
+        if s is None or s.n == 0:
+            return np.zeros(0), np.zeros(0)
+        t = self.coeffs["target"]
+        pred = (t.a_ms_per_ctx_token * np.asarray(s.ctx_tokens, dtype=np.float64)
+                + t.b_ms_per_batched_token * np.asarray(s.verify_tokens, dtype=np.float64)
+                + t.c_ms + self.base.overhead_ms)
+        ok = np.ones(s.n, dtype=bool)
+        drafted = np.asarray(s.drafted) > 0
+        names = [d.name for d in batch.drafters]
+        for i, d in enumerate(s.drafter):
+            if not drafted[i]:
+                continue
+            if d < 0:
+                ok[i] = False  # several drafters in one step: no single model to predict with
+                continue
+            entry = self.base.drafter(names[d])
+            if entry.kind == DrafterKind.ngram:
+                pred[i] += entry.cost_ms
+            elif entry.name in self._draft_model:
+                m = self.coeffs[self._draft_model[entry.name][0]]
+                pred[i] += (m.a_ms_per_ctx_token * s.draft_ctx_tokens[i] + m.b_ms_per_batched_token * s.draft_batched_tokens[i]
+                            + m.c_ms * s.draft_passes[i] + entry.cost_ms)
+            else:
+                ok[i] = False  # self-speculation: the draft side's cost is not a model of its own
+        return pred[ok], np.asarray(s.total_ms, dtype=np.float64)[ok]
+
+    def add(self, batch: TelemetryBatch) -> ModelError:
+        """Score the current model on the batch's samples, then add them to the windows."""
+        err = ModelError()
+        s = batch.samples
+        if s is None or s.n == 0:
+            return err
+        pred, meas = self.predict_total(batch)
+        keep = meas > 0
+        if keep.any():
+            err = ModelError(int(keep.sum()), float(pred[keep].sum()), float(meas[keep].sum()),
+                             float((np.abs(pred[keep] - meas[keep]) / meas[keep]).sum() * 100.0))
+        self.samples_seen += s.n
+        vms = np.asarray(s.verify_ms, dtype=np.float64)
+        sel = vms > 0
+        if sel.any():
+            rows = np.stack([np.asarray(s.ctx_tokens, dtype=np.float64), np.asarray(s.verify_tokens, dtype=np.float64),
+                             np.ones(s.n), vms], axis=1)[sel]
+            self.windows["target"].add(rows)
+        names = [d.name for d in batch.drafters]
+        dms = np.asarray(s.draft_ms, dtype=np.float64)
+        passes = np.asarray(s.draft_passes, dtype=np.float64)
+        drafter = np.asarray(s.drafter)
+        for di, name in enumerate(names):
+            if name not in self._draft_model:
+                continue
+            key, const = self._draft_model[name]
+            sel = (drafter == di) & (passes > 0) & (dms > 0)
+            if sel.any():
+                rows = np.stack([np.asarray(s.draft_ctx_tokens, dtype=np.float64), np.asarray(s.draft_batched_tokens, dtype=np.float64),
+                                 passes, np.maximum(dms - const, 0.0)], axis=1)[sel]
+                self.windows[key].add(rows)
+        return err
+
+    def refit(self) -> dict[str, CostCoeffs]:
+        """Refit every model with enough samples; returns the coefficients now in force."""
+        for key, w in self.windows.items():
+            if w.n < self.min_samples:
+                continue
+            d = w.data()
+            X, y = d[:, :3], d[:, 3]
+            base = self.base.models[key]
+            prior = np.array([base.a_ms_per_ctx_token, base.b_ms_per_batched_token, base.c_ms])
+            coef = fit_with_prior(X, y, prior, self.prior_weight)
+            pred = X @ coef
+            resid = y - pred
+            ss_res = float(resid @ resid)
+            ss_tot = float(((y - y.mean()) ** 2).sum())
+            r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else base.r2
+            nz = y > 0
+            mape = float(np.mean(np.abs(resid[nz]) / y[nz]) * 100.0) if nz.any() else 0.0
+            cost = LinearCost(float(coef[0]), float(coef[1]), float(coef[2]), min(float(r2), 1.0), mape,
+                              math.sqrt(ss_res / max(y.size - 3, 1)))
+            self.coeffs[key] = CostCoeffs.from_cost(cost)
+        return self.coeffs
+
+    def profile(self) -> Profile:
+        """The base profile with the refitted coefficients (and a note of how many samples they saw)."""
+        env = dict(self.base.environment)
+        env["online_refit"] = {key: self.windows[key].n for key in self.windows if self.windows[key].n >= self.min_samples}
+        if not env["online_refit"]:
+            return self.base
+        return self.base.model_copy(update={"models": dict(self.coeffs), "environment": env})
