@@ -18,7 +18,7 @@ from control.executors.reference.model import LlamaConfig, LlamaForCausalLM, loa
 
 SEED = 0
 WEIGHT_STD = 0.5  # large enough for varied (not looping) greedy text from random weights
-DRAFT_NOISE = 0.033  # per-token agreement with the target of about 0.55: real rejections every few tokens
+DRAFT_NOISE = 0.02  # greedy agreement with the target of about 0.6 a token: drafts of every length accepted, and rejected
 CORPUS = (
     "speculative decoding drafts a few tokens with a small model and verifies them with the target "
     "in one pass; the target's answer is the truth, so greedy output equals plain greedy decoding. "

@@ -71,16 +71,16 @@ def test_static_schedule_sets_k_by_batch_size_per_step(triton, tokenizer):
     pa, pb, pc = prompts(tokenizer, 3)
     s = Stream(triton.grpc_url)
     try:
-        a = s.send("specctl_bls_static", "a", pa, 120)
+        a = s.send("specctl_bls_static", "a", pa, 200)
         _wait_first(a)
-        b = s.send("specctl_bls_static", "b", pb, 16)
+        b = s.send("specctl_bls_static", "b", pb, 40)  # >= 20 steps: room for c to join while it runs
         _wait_first(b)
         c = s.send("specctl_bls_static", "c", pc, 6)
         s.wait(3)
         assert not s.errors, s.errors
     finally:
         s.close()
-    for gen, n in ((a, 120), (b, 16), (c, 6)):
+    for gen, n in ((a, 200), (b, 40), (c, 6)):
         check_steps(gen, n)
     # c joined while a and b ran, and b outlives it: every step of c had three requests.
     assert c.step_drafted == [0] * len(c.chunks)

@@ -145,7 +145,7 @@ class _Stream:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from control.executors.trtllm.orchestrator import SpecOrchestrator
+        from control.executors.trtllm.orchestrator import SpecOrchestrator, plan_for_bls
         from control.plan import load_plan
         from control.policy import build_policy
 
@@ -153,11 +153,11 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         if not pb_utils.using_decoupled_model_transaction_policy(cfg):
             raise pb_utils.TritonModelException("specctl_bls streams: set model_transaction_policy { decoupled: true }")
-        plan = load_plan(params["plan"])
         drafter = params.get("drafter", "draft_target")
+        plan = plan_for_bls(load_plan(params["plan"]), drafter)
         self.client = TritonEngineClient()
         self.orch = SpecOrchestrator(
-            build_policy(plan.policy, plan), self.client, drafter=drafter,
+            build_policy(plan.policy, plan), self.client, drafter=drafter, drafter_name=plan.default_drafter,
             max_k=int(params.get("max_draft_len", plan.max_k)), max_batch=int(params.get("max_batch", 64)),
             ngram_size=int(params.get("ngram_size", 3)), target_model=params.get("tensorrt_llm_model_name", "tensorrt_llm"),
             draft_model=params.get("tensorrt_llm_draft_model_name") or "tensorrt_llm_draft",

@@ -33,7 +33,27 @@ import numpy as np
 
 from control.errors import ConfigError, SpecctlError
 from control.executors.trtllm.tensors import generate_request, output_tokens, verify_request
+from control.plan import Plan, parse_plan
 from control.policy.types import I64, Policy, StepOutcome, StepView
+
+# The BLS's drafting methods and the profile drafter kind each one is costed as.
+DRAFTER_KINDS = {"draft_target": "draft_model", "ngram": "ngram"}
+
+
+def plan_for_bls(plan: Plan, drafter: str) -> Plan:
+    """``plan`` narrowed to the one drafter a BLS deployment runs: its default drafter, which must be
+    of ``drafter``'s kind. A policy built from it sees the same drafter name the orchestrator reports
+    in every ``StepView`` and ``StepOutcome``, so it learns that drafter's acceptance (and never
+    assigns a drafter the deployment does not have)."""
+    name = plan.default_drafter
+    kind = plan.profile.drafter(name).kind
+    kind = getattr(kind, "value", kind)
+    if DRAFTER_KINDS.get(drafter) != kind:
+        raise ConfigError(f"the plan's drafter '{name}' is a {kind} drafter; this BLS drafts with {drafter} "
+                          f"(a {DRAFTER_KINDS.get(drafter)} drafter): compile the plan for this deployment")
+    if list(plan.drafters) == [name]:
+        return plan
+    return parse_plan({**plan.to_dict(), "drafters": [name]}, where=f"plan v{plan.version} for {drafter}")
 
 
 class EngineClient(Protocol):
@@ -101,6 +121,7 @@ class SpecOrchestrator:
     policy: Policy
     client: EngineClient
     drafter: str = "draft_target"  # draft_target | ngram
+    drafter_name: str | None = None  # the plan's name for it (plan_for_bls(...).default_drafter); default: drafter
     max_k: int = 8
     max_batch: int = 64
     ngram_size: int = 3
@@ -118,7 +139,7 @@ class SpecOrchestrator:
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._step = 0
-        self._drafters = (self.drafter,)
+        self._drafters = (self.drafter_name or self.drafter,)
 
     # -- requests ----------------------------------------------------------------------------------
     def add(self, rid: int, prompt, max_tokens: int, sink: TokenSink, *, end_id: int | None = None,

@@ -1,4 +1,5 @@
-"""The BLS orchestrator in process: an engine failure ends only its request, with its message."""
+"""The BLS orchestrator in process: an engine failure ends only its request, with its message; the
+controller learns the acceptance of the drafter the BLS runs."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from control.errors import SpecctlError
+from control.errors import ConfigError, SpecctlError
 from control.executors.reference.model import load_pretrained
-from control.executors.trtllm.orchestrator import SpecOrchestrator
+from control.executors.trtllm.orchestrator import SpecOrchestrator, plan_for_bls
 from control.executors.trtllm.reference_driver import ReferenceEngineClient, ReferenceTrtllmModel
 from control.plan import compile_plan
 from control.policy import build_policy
@@ -117,3 +118,32 @@ def test_a_sink_that_raises_ends_only_its_request(client, target):
     orch.add(1, PROMPTS[1], 10, sinks.tokens_of(1), on_error=sinks.error_of(1))
     orch.run_until_idle(50)
     assert "client went away" in sinks.errors[0] and sinks.tokens[1] == greedy(target, PROMPTS[1], 10)
+
+
+def _learned_rate(client, plan, drafter_name):
+    policy = build_policy("adaptive", plan)
+    orch = SpecOrchestrator(policy, client, max_k=4, drafter_name=drafter_name, record=True)
+    prior = policy.pooled_rate(0)
+    sinks = Sinks()
+    for rid, p in enumerate(PROMPTS * 2):
+        orch.add(rid, p, 30, sinks.tokens_of(rid))
+    orch.run_until_idle(200)
+    drafted = sum(int(h.drafted.sum()) for h in orch.history)
+    accepted = sum(int(h.accepted.sum()) for h in orch.history)
+    assert drafted > 0
+    return prior, policy.pooled_rate(0), accepted / drafted
+
+
+def test_the_policy_learns_the_acceptance_of_the_drafter_the_bls_runs(client):
+    """The plan names drafters by profile name ('draft'); the orchestrator must report that name,
+    or the policy attributes every outcome to no drafter and never moves off its prior."""
+    plan = compile_plan(make_profile(acceptance={"draft": 0.9, "ngram": 0.4}), max_k=4)
+    bls_plan = plan_for_bls(plan, "draft_target")
+    assert bls_plan.drafters == ["draft"] and bls_plan.policy == plan.policy
+    prior, learned, observed = _learned_rate(client, bls_plan, bls_plan.default_drafter)
+    assert observed < 0.8  # the tiny draft agrees far less often than the 0.9 prior claims
+    assert abs(learned - observed) < abs(prior - observed) - 0.1, (prior, learned, observed)
+    prior, unnamed, _ = _learned_rate(client, bls_plan, None)  # reported as 'draft_target': unknown
+    assert unnamed == prior
+    with pytest.raises(ConfigError, match="drafter 'draft' is a draft_model drafter; this BLS drafts with ngram"):
+        plan_for_bls(plan, "ngram")
