@@ -5,8 +5,10 @@ decoupled BLS model: clients send ``input_ids``, ``max_tokens`` (optional ``end_
 ``num_draft_tokens``) and receive ``output_ids`` as the tokens are accepted, one response per engine
 step with ``stream`` (the default), one response in all without. Every response carries
 ``step_draft_tokens`` and ``step_accepted_draft_tokens`` (one entry per engine step it covers: the
-draft length the controller chose and how many of those tokens the target accepted); the final one
-adds ``total_draft_tokens``, ``total_accepted_draft_tokens`` and ``acceptance_rate``.
+draft tokens verified, which is the k the controller chose unless the drafter proposed fewer, an
+n-gram without a match or a draft that reached ``end_id``, and how many of them the target
+accepted); the final one adds ``total_draft_tokens``, ``total_accepted_draft_tokens`` and
+``acceptance_rate``.
 
 One background thread runs ``SpecOrchestrator.step`` (control/executors/trtllm/orchestrator.py),
 which asks the controller for k per request per step and calls ``tensorrt_llm_draft`` and
