@@ -123,7 +123,10 @@ def bls_config(recipe: Recipe, *, draft_model: str | None) -> str:
     inputs = [("input_ids", "TYPE_INT32", "[ -1 ]", False), ("max_tokens", "TYPE_INT32", "[ 1 ]", False),
               ("end_id", "TYPE_INT32", "[ 1 ]", True), ("stream", "TYPE_BOOL", "[ 1 ]", True),
               ("num_draft_tokens", "TYPE_INT32", "[ 1 ]", True)]
-    outputs = [("output_ids", "TYPE_INT32", "[ -1 ]"), ("total_draft_tokens", "TYPE_INT32", "[ 1 ]"),
+    # step_*: one entry per engine step the response covers (drafts verified = the chosen k unless the
+    # drafter proposed fewer; accepted), so k is observable per step
+    outputs = [("output_ids", "TYPE_INT32", "[ -1 ]"), ("step_draft_tokens", "TYPE_INT32", "[ -1 ]"),
+               ("step_accepted_draft_tokens", "TYPE_INT32", "[ -1 ]"), ("total_draft_tokens", "TYPE_INT32", "[ 1 ]"),
                ("total_accepted_draft_tokens", "TYPE_INT32", "[ 1 ]"), ("acceptance_rate", "TYPE_FP32", "[ 1 ]")]
     ins = ",\n".join(f'  {{\n    name: "{n}"\n    data_type: {d}\n    dims: {dims}' + ("\n    optional: true" if o else "")
                      + "\n  }" for n, d, dims, o in inputs)

@@ -11,6 +11,10 @@ Each ``step()`` serves every active request once:
    is identical to non-speculative greedy decoding whatever the drafts were;
 4. new tokens stream to the request's sink at once; the controller observes the outcome.
 
+A request whose draft or verify call fails (the engine answered it with an error) ends with that
+error (``on_error``) and leaves the batch; the other requests of the step go on. Nothing is retried:
+a failure that repeats would otherwise hold its request, and its client, forever.
+
 The stock tensorrtllm BLS does this for one request without streaming and a fixed k
 (``tensorrt_llm_bls/1/lib/decode.py`` ``_spec_generate``); here many requests share each step, k is
 the controller's per request per step, and tokens stream. Engines batch the concurrent requests of a
@@ -29,13 +33,35 @@ import numpy as np
 
 from control.errors import ConfigError, SpecctlError
 from control.executors.trtllm.tensors import generate_request, output_tokens, verify_request
+from control.plan import Plan, parse_plan
 from control.policy.types import I64, Policy, StepOutcome, StepView
+
+# The BLS's drafting methods and the profile drafter kind each one is costed as.
+DRAFTER_KINDS = {"draft_target": "draft_model", "ngram": "ngram"}
+
+
+def plan_for_bls(plan: Plan, drafter: str) -> Plan:
+    """``plan`` narrowed to the one drafter a BLS deployment runs: its default drafter, which must be
+    of ``drafter``'s kind. A policy built from it sees the same drafter name the orchestrator reports
+    in every ``StepView`` and ``StepOutcome``, so it learns that drafter's acceptance (and never
+    assigns a drafter the deployment does not have)."""
+    name = plan.default_drafter
+    kind = plan.profile.drafter(name).kind
+    kind = getattr(kind, "value", kind)
+    if DRAFTER_KINDS.get(drafter) != kind:
+        raise ConfigError(f"the plan's drafter '{name}' is a {kind} drafter; this BLS drafts with {drafter} "
+                          f"(a {DRAFTER_KINDS.get(drafter)} drafter): compile the plan for this deployment")
+    if list(plan.drafters) == [name]:
+        return plan
+    return parse_plan({**plan.to_dict(), "drafters": [name]}, where=f"plan v{plan.version} for {drafter}")
 
 
 class EngineClient(Protocol):
-    """Runs independent requests against one tensorrtllm model; responses in request order."""
+    """Runs independent requests against one tensorrtllm model; responses in request order, with an
+    exception in the place of each request the engine failed (the call raises only when it could not
+    run at all)."""
 
-    def run(self, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]: ...
+    def run(self, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]: ...
 
 
 def ngram_propose(seq: np.ndarray, k: int, n: int) -> np.ndarray:
@@ -55,6 +81,7 @@ def ngram_propose(seq: np.ndarray, k: int, n: int) -> np.ndarray:
 
 
 TokenSink = Callable[[np.ndarray, bool], None]  # (new tokens, finished)
+ErrorSink = Callable[[str], None]  # the request failed with this message; no call follows
 
 
 @dataclass
@@ -67,6 +94,7 @@ class _Req:
     end_id: int | None
     k_cap: int
     sink: TokenSink
+    on_error: ErrorSink | None = None
     drafted_total: int = 0
     accepted_total: int = 0
     cancelled: bool = False
@@ -93,6 +121,7 @@ class SpecOrchestrator:
     policy: Policy
     client: EngineClient
     drafter: str = "draft_target"  # draft_target | ngram
+    drafter_name: str | None = None  # the plan's name for it (plan_for_bls(...).default_drafter); default: drafter
     max_k: int = 8
     max_batch: int = 64
     ngram_size: int = 3
@@ -110,11 +139,13 @@ class SpecOrchestrator:
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._step = 0
-        self._drafters = (self.drafter,)
+        self._drafters = (self.drafter_name or self.drafter,)
 
     # -- requests ----------------------------------------------------------------------------------
     def add(self, rid: int, prompt, max_tokens: int, sink: TokenSink, *, end_id: int | None = None,
-            num_draft_tokens: int | None = None) -> None:
+            num_draft_tokens: int | None = None, on_error: ErrorSink | None = None) -> None:
+        """Queue a request; it joins the next step. ``on_error`` receives the message if an engine
+        fails it (without one, ``step`` raises the failure after finishing the step's other work)."""
         prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
         if prompt.size == 0:
             raise SpecctlError("input_ids is empty; send at least one prompt token")
@@ -131,7 +162,8 @@ class SpecOrchestrator:
             slot = self._free_slots.pop() if self._free_slots else self._next_slot
             if slot == self._next_slot:
                 self._next_slot += 1
-            self._active[rid] = _Req(rid, slot, prompt.copy(), prompt.size, int(max_tokens), end_id, cap, sink)
+            self._active[rid] = _Req(rid, slot, prompt.copy(), prompt.size, int(max_tokens), end_id, cap, sink,
+                                     on_error)
 
     def cancel(self, rid: int) -> bool:
         with self._lock:
@@ -139,6 +171,16 @@ class SpecOrchestrator:
             if r is not None:
                 r.cancelled = True
             return r is not None
+
+    def fail_all(self, message: str) -> int:
+        """End every active request with ``message`` (the loop cannot go on: unload, a bug); returns
+        how many there were."""
+        with self._lock:
+            reqs = list(self._active.values())
+        unreported = self._fail([(r, message) for r in reqs])
+        if unreported:
+            self._raise_unreported(unreported)
+        return len(reqs)
 
     @property
     def active(self) -> int:
@@ -173,10 +215,17 @@ class SpecOrchestrator:
         decision = self.policy.decide(view)
         k = np.minimum(np.asarray(decision.k, dtype=I64), np.maximum(np.minimum(k_cap, remaining - 1), 0))
 
-        drafts = self._draft(reqs, k)
+        failed: dict[int, str] = {}  # index in reqs -> message
+        drafts = self._draft(reqs, k, failed)
         t1 = time.perf_counter()
-        verify = [verify_request(r.seq, d, r.end_id) for r, d in zip(reqs, drafts, strict=True)]
-        answers = self.client.run(self.target_model, verify)
+        live = [i for i in range(n) if i not in failed]
+        answers: list = [None] * n
+        verify = [verify_request(reqs[i].seq, drafts[i], reqs[i].end_id) for i in live]
+        for i, ans in zip(live, self._call(self.target_model, verify), strict=True):
+            if isinstance(ans, Exception):
+                failed[i] = f"{self.target_model}: {ans}"
+            else:
+                answers[i] = ans
         t2 = time.perf_counter()
 
         drafted = np.fromiter((d.size for d in drafts), I64, n)
@@ -184,9 +233,19 @@ class SpecOrchestrator:
         emitted = np.zeros(n, dtype=I64)
         finished: list[tuple[_Req, np.ndarray]] = []
         for i, (r, d, ans) in enumerate(zip(reqs, drafts, answers, strict=True)):
-            new = output_tokens(ans)
+            if i in failed:
+                drafted[i] = 0
+                continue
+            try:
+                new = output_tokens(ans)
+            except SpecctlError as e:
+                failed[i] = f"{self.target_model}: {e}"
+                drafted[i] = 0
+                continue
             if new.size == 0:
-                raise SpecctlError(f"tensorrt_llm returned no token for request {r.rid}")
+                failed[i] = f"{self.target_model} returned no token for request {r.rid}"
+                drafted[i] = 0
+                continue
             m = min(d.size, new.size - 1)
             accepted[i] = int(np.argmin(np.append(new[:m] == d[:m], False))) if m > 0 else 0
             new = new[: accepted[i] + 1] if new.size > accepted[i] + 1 else new
@@ -203,21 +262,28 @@ class SpecOrchestrator:
             emitted[i] = new.size
             if done:
                 finished.append((r, new))
-            else:
+                continue
+            try:
                 r.sink(new, False)
+            except Exception as e:  # its client is gone or broken: end it, keep the others going
+                failed[i] = f"could not deliver tokens: {e}"
         with self._lock:
             for r, new in finished:
                 self._finish(r, emit=new)
+        unreported = self._fail([(reqs[i], msg) for i, msg in sorted(failed.items())])
+        left = [r.rid for r, _ in finished] + [reqs[i].rid for i in sorted(failed)]
         outcome = StepOutcome(
             slots=slots, request_ids=rids, drafter=np.zeros(n, dtype=I64), ctx_lens=ctx, drafted=drafted,
             verified=drafted, accepted=accepted, draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3,
-            total_ms=(time.perf_counter() - t0) * 1e3, finished=np.array([r.rid for r, _ in finished], dtype=I64),
+            total_ms=(time.perf_counter() - t0) * 1e3, finished=np.array(left, dtype=I64),
             step=self._step, now=time.monotonic(),
         )
         self.policy.observe(outcome)
         if self.record:
             self.history.append(StepRecord(self._step, rids, k, drafted, accepted, emitted))
         self._step += 1
+        if unreported:
+            self._raise_unreported(unreported)
         return n
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
@@ -227,7 +293,19 @@ class SpecOrchestrator:
         raise SpecctlError(f"requests still active after {max_steps} steps")
 
     # -- internals -----------------------------------------------------------------------------------
-    def _draft(self, reqs: list[_Req], k: np.ndarray) -> list[np.ndarray]:
+    def _call(self, model: str, requests: list[dict[str, np.ndarray]]) -> list:
+        if not requests:
+            return []
+        try:
+            answers = self.client.run(model, requests)
+        except Exception as e:  # the whole call failed: every request in it did
+            return [e] * len(requests)
+        if len(answers) != len(requests):
+            err = SpecctlError(f"{model} answered {len(answers)} of {len(requests)} requests")
+            return [err] * len(requests)
+        return answers
+
+    def _draft(self, reqs: list[_Req], k: np.ndarray, failed: dict[int, str]) -> list[np.ndarray]:
         empty = np.zeros(0, dtype=I64)
         drafts = [empty] * len(reqs)
         idx = np.flatnonzero(k > 0)
@@ -238,9 +316,36 @@ class SpecOrchestrator:
                 drafts[i] = ngram_propose(reqs[i].seq, int(k[i]), self.ngram_size)
             return drafts
         asks = [generate_request(reqs[i].seq, int(k[i]), reqs[i].end_id) for i in idx]
-        for i, ans in zip(idx, self.client.run(self.draft_model, asks), strict=True):
-            drafts[i] = output_tokens(ans)[: int(k[i])]
+        for i, ans in zip(idx, self._call(self.draft_model, asks), strict=True):
+            try:
+                if isinstance(ans, Exception):
+                    raise ans
+                drafts[i] = output_tokens(ans)[: int(k[i])]
+            except Exception as e:
+                failed[int(i)] = f"{self.draft_model}: {e}"
         return drafts
+
+    def _fail(self, failures: list[tuple[_Req, str]]) -> list[tuple[int, str]]:
+        """Remove failed requests and tell their owners; returns those with no ``on_error``."""
+        unreported = []
+        with self._lock:
+            for r, msg in failures:
+                if self._active.pop(r.rid, None) is None:
+                    continue
+                self._free_slots.append(r.slot)
+                if r.on_error is None:
+                    unreported.append((r.rid, msg))
+                    continue
+                try:
+                    r.on_error(msg)
+                except Exception as e:  # one owner's failure must not stop the others' reports
+                    unreported.append((r.rid, f"{msg} (and its error sink failed: {e})"))
+        return unreported
+
+    @staticmethod
+    def _raise_unreported(unreported: list[tuple[int, str]]) -> None:
+        more = f" (and {len(unreported) - 1} more)" if len(unreported) > 1 else ""
+        raise SpecctlError(f"request {unreported[0][0]} failed: {unreported[0][1]}{more}")
 
     def _finish(self, r: _Req, emit: np.ndarray) -> None:
         try:
