@@ -12,6 +12,23 @@ Two forward paths:
 
 The cache only stores tensors; which rows are valid (the request's length) is the caller's
 business, so rolling back rejected draft tokens is just lowering that length.
+
+Batch invariance (``model.batch_invariant``, on by default): a token's logits are bitwise the same
+whether it is decoded alone, verified inside a block of k + 1 draft tokens, or packed with any other
+requests. That is what makes greedy speculative decoding lossless by construction rather than up to
+near-ties: without it, fp32 CPU kernels round differently for different batch shapes (MKL picks
+other GEMM kernels for very few rows; vectorised element-wise loops compute the scalar tail of a
+thread's chunk with a different exp; attention over a longer key range reduces in another order),
+and any of these can flip a greedy argmax. So the forward
+(1) pads the packed rows to a multiple of ``INVARIANT_ROWS`` (at least that many) before the layers,
+    which keeps every GEMM on its many-row kernel and every element-wise chunk tail-free for
+    widths that are multiples of 32;
+(2) computes attention per request with explicit matmuls, the query at position p over keys
+    0 .. round_up(p + 1, ``KEY_BLOCK``) - 1 (masked beyond p), a range that depends on p alone,
+    with at least ``ATTN_ROWS`` query rows per KV head.
+``tests/executor/test_invariance.py`` checks the property. Drafts, whose outputs only propose
+tokens, may turn it off for speed (fused SDPA, no padding). On CUDA the same padding is applied but
+cuBLAS makes no such promise: there greedy output can differ at a near-tie (bf16 makes ties likelier).
 """
 
 from __future__ import annotations
@@ -141,11 +158,24 @@ class Segment:
     length: int
 
 
+INVARIANT_ROWS = 16  # every linear layer's input is padded to a multiple of this many rows (batch-invariant mode)
+ATTN_ROWS = 4  # minimum query rows per KV head in one attention matmul (batch-invariant mode)
+KEY_BLOCK = 64  # attention key ranges are padded to a multiple of this (batch-invariant mode)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
 class KVCache:
-    """Per-layer K and V tensors of shape (slots, kv_heads, max_len, head_dim). Storage only."""
+    """Per-layer K and V tensors of shape (slots, kv_heads, storage, head_dim). Storage only.
+
+    ``max_len`` is the usable length; the storage is rounded up to a multiple of ``KEY_BLOCK`` so
+    the batch-invariant attention can read padded key ranges (the padding is always masked).
+    """
 
     def __init__(self, cfg: LlamaConfig, slots: int, max_len: int, device="cpu", dtype=torch.float32) -> None:
-        shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        shape = (slots, cfg.num_key_value_heads, _round_up(max_len, KEY_BLOCK), cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.slots = slots
@@ -180,9 +210,11 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.hkv != self.h)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
-    def forward(self, x, cos, sin, segments: list[Segment], kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, cos, sin, segments: list[Segment], kc: torch.Tensor, vc: torch.Tensor,
+                invariant: bool = False, tri: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows of ``x`` beyond the segments' tokens are padding: their output is zero."""
         q, k, v = self._qkv(x, cos, sin)
-        out = torch.empty_like(q)
+        out = torch.zeros_like(q) if invariant else torch.empty_like(q)
         off = 0
         for seg in segments:
             t = seg.length
@@ -190,17 +222,50 @@ class Attention(nn.Module):
             kc[seg.slot, :, seg.start:end] = k[off:off + t].transpose(0, 1)
             vc[seg.slot, :, seg.start:end] = v[off:off + t].transpose(0, 1)
             qs = q[off:off + t].transpose(0, 1)  # (H, t, D)
-            ks = kc[seg.slot, :, :end]
-            vs = vc[seg.slot, :, :end]
-            if t == 1:
-                o = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=self.hkv != self.h)
+            if invariant:
+                o = self._attend_invariant(qs, seg.slot, seg.start, end, kc, vc, tri)
+            elif t == 1:
+                o = F.scaled_dot_product_attention(qs, kc[seg.slot, :, :end], vc[seg.slot, :, :end],
+                                                   enable_gqa=self.hkv != self.h)
             else:
-                qpos = torch.arange(seg.start, end, device=x.device)[:, None]
-                mask = torch.arange(end, device=x.device)[None, :] <= qpos
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=self.hkv != self.h)
+                o = F.scaled_dot_product_attention(qs, kc[seg.slot, :, :end], vc[seg.slot, :, :end],
+                                                   attn_mask=tri[seg.start:end, :end].logical_not(),
+                                                   enable_gqa=self.hkv != self.h)
             out[off:off + t] = o.transpose(0, 1)
             off += t
         return self.o_proj(out.reshape(x.shape[0], -1))
+
+    def _attend_invariant(self, qs, slot: int, start: int, end: int, kc, vc, tri) -> torch.Tensor:
+        """Causal attention of queries at positions start..end-1 whose every output row is bitwise
+        independent of how many queries are computed together.
+
+        The query at position p attends over keys 0 .. round_up(p + 1, KEY_BLOCK) - 1 (the tail is
+        masked), a range that depends on p alone, so its matmuls reduce in the same order whether
+        it is decoded alone or verified in a block; a block that crosses a KEY_BLOCK boundary is
+        computed in one group per key range. Each group has at least ATTN_ROWS query rows per KV
+        head (padded) so the GEMM kernel does not change with the number of queries.
+        """
+        h, hkv, d = self.h, self.hkv, self.d
+        g = h // hkv
+        t = qs.shape[1]
+        out = []
+        r0 = 0
+        while r0 < t:
+            keys = _round_up(start + r0 + 1, KEY_BLOCK)
+            r1 = min(t, keys - start)  # rows whose key range is ``keys``
+            n = r1 - r0
+            rows = max(n, -(-ATTN_ROWS // g))
+            qg = qs[:, r0:r1]
+            if rows > n:
+                qg = torch.cat([qg, qg.new_zeros(h, rows - n, d)], dim=1)
+            scores = torch.matmul(qg.reshape(hkv, g * rows, d), kc[slot, :, :keys].transpose(1, 2))
+            scores = scores.view(h, rows, keys).mul_(d ** -0.5)
+            scores.masked_fill_(tri[start + r0:start + r0 + rows, :keys], float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            o = torch.matmul(p.view(hkv, g * rows, keys), vc[slot, :, :keys]).view(h, rows, d)
+            out.append(o[:, :n])
+            r0 = r1
+        return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
 class MLP(nn.Module):
@@ -242,6 +307,8 @@ class LlamaForCausalLM(nn.Module):
         inv = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv.float(), persistent=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._tri: torch.Tensor | None = None  # tri[i, j] = key j is after query i (masked)
+        self.batch_invariant = True
 
     def _rope(self, positions: torch.Tensor):
         need = int(positions.max()) + 1 if positions.numel() else 1
@@ -272,6 +339,12 @@ class LlamaForCausalLM(nn.Module):
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.model.norm(h))
 
+    def _causal_mask(self, n: int, device) -> torch.Tensor:
+        if self._tri is None or self._tri.shape[0] < n or self._tri.device != torch.device(device):
+            n = _round_up(max(n, 2 * (self._tri.shape[0] if self._tri is not None else 0)), KEY_BLOCK)
+            self._tri = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+        return self._tri
+
     def forward(self, input_ids: torch.Tensor, segments: list[Segment], cache: KVCache,
                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """Packed decoding pass. ``input_ids``: (N,) tokens of all segments concatenated.
@@ -279,18 +352,31 @@ class LlamaForCausalLM(nn.Module):
         Returns logits (N, vocab), or only at the packed indices ``logits_at`` (saves the vocab
         projection for prefill tokens whose logits nobody needs).
         """
-        positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(input_ids.device)
         for s in segments:
             if s.start + s.length > cache.max_len:
                 raise ConfigError(f"sequence of {s.start + s.length} tokens exceeds the KV cache's {cache.max_len} positions")
+        n = input_ids.shape[0]
+        starts = torch.tensor([s.start for s in segments], dtype=torch.long)
+        lengths = torch.tensor([s.length for s in segments], dtype=torch.long)
+        offsets = torch.cumsum(lengths, 0) - lengths
+        positions = (torch.arange(n) - torch.repeat_interleave(offsets - starts, lengths)).to(input_ids.device)
+        invariant = self.batch_invariant
+        pad = _round_up(max(n, 1), INVARIANT_ROWS) - n if invariant else 0
+        if pad:
+            positions = torch.cat([positions, positions.new_zeros(pad)])
         cos, sin = self._rope(positions)
         h = self.model.embed_tokens(input_ids)
+        if pad:
+            h = torch.cat([h, h.new_zeros(pad, h.shape[1])])
+        tri = self._causal_mask(cache.k[0].shape[2] + ATTN_ROWS, input_ids.device)
         for i, layer in enumerate(self.model.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i])
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i], invariant, tri)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = self.model.norm(h)
-        if logits_at is not None:
-            h = h[logits_at]
+        h = h[logits_at] if logits_at is not None else h[:n]
+        m = h.shape[0]
+        if invariant and m % INVARIANT_ROWS:
+            return self.lm_head(torch.cat([h, h.new_zeros(_round_up(m, INVARIANT_ROWS) - m, h.shape[1])]))[:m]
         return self.lm_head(h)
 
 
