@@ -429,6 +429,12 @@ def load_pretrained(model_dir: str | Path, device: str = "cpu", dtype: torch.dty
             f"'{d}': weights do not match a {cfg.num_hidden_layers}-layer Llama "
             f"(missing: {missing[:3]}{'...' if len(missing) > 3 else ''}; unexpected: {unexpected[:3]}{'...' if len(unexpected) > 3 else ''})"
         )
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [k for k in sorted(expected) if tuple(state[k].shape) != shapes[k]]
+    if wrong:
+        k = wrong[0]
+        raise ConfigError(f"'{d}': weight {k} has shape {tuple(state[k].shape)} but config.json implies {shapes[k]} "
+                          "(do the weights belong to this config?)")
     model.load_state_dict({k: state[k] for k in expected}, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
