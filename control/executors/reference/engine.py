@@ -59,6 +59,7 @@ class EngineConfig:
     (prompt + generated; default: the target's max_position_embeddings). max_k: the longest draft.
     token_budget: tokens one iteration may compute (prompts admitted + verified tokens). default
     drafter: the one whose cache is prefilled with the prompt (default: the first draft model).
+    batch_invariant: False trades the bitwise lossless guarantee for speed at tiny batches (model.py).
     """
 
     max_batch: int = 32
@@ -68,6 +69,7 @@ class EngineConfig:
     default_drafter: str | None = None
     eos_token_id: int | None = None
     seed: int = 0
+    batch_invariant: bool | None = None  # set the target's batch invariance (None: leave the model's setting)
 
     def validate(self) -> EngineConfig:
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
@@ -138,6 +140,8 @@ class ReferenceEngine:
         cfg = (config or EngineConfig()).validate()
         self.cfg = cfg
         self.target = target
+        if cfg.batch_invariant is not None:
+            target.batch_invariant = cfg.batch_invariant
         self.device = target.lm_head.weight.device
         tc = target.config
         self.vocab = tc.vocab_size

@@ -20,13 +20,17 @@ near-ties: without it, fp32 CPU kernels round differently for different batch sh
 other GEMM kernels for very few rows; vectorised element-wise loops compute the scalar tail of a
 thread's chunk with a different exp; attention over a longer key range reduces in another order),
 and any of these can flip a greedy argmax. So the forward
-(1) pads the packed rows to a multiple of ``INVARIANT_ROWS`` (at least that many) before the layers,
-    which keeps every GEMM on its many-row kernel and every element-wise chunk tail-free for
-    widths that are multiples of 32;
+(1) pads the packed rows to a multiple of ``INVARIANT_ROWS`` before the layers: MKL's fp32 GEMM
+    gives a row the same bits for any row count that is a multiple of 4 (on 1 and 2 threads; with
+    2 threads, 5-7 and 9-11 rows take other kernels), and two threads then split every
+    element-wise op (the SwiGLU exp) into chunks without a scalar tail when widths are multiples
+    of 32;
 (2) computes attention per request with explicit matmuls, the query at position p over keys
     0 .. round_up(p + 1, ``KEY_BLOCK``) - 1 (masked beyond p), a range that depends on p alone,
     with at least ``ATTN_ROWS`` query rows per KV head.
-``tests/executor/test_invariance.py`` checks the property. Drafts, whose outputs only propose
+The padding costs compute at tiny batches (4 rows for 1: about 2x the linear layers' time at batch 1
+on the CPU pair, nothing from batch 4 on). ``tests/executor/test_invariance.py`` checks the
+property on 1 and 2 threads; other thread counts are not verified. Drafts, whose outputs only propose
 tokens, may turn it off for speed (fused SDPA, no padding). On CUDA the same padding is applied but
 cuBLAS makes no such promise: there greedy output can differ at a near-tie (bf16 makes ties likelier).
 """
@@ -158,7 +162,7 @@ class Segment:
     length: int
 
 
-INVARIANT_ROWS = 16  # every linear layer's input is padded to a multiple of this many rows (batch-invariant mode)
+INVARIANT_ROWS = 4  # every linear layer's input is padded to a multiple of this many rows (batch-invariant mode)
 ATTN_ROWS = 4  # minimum query rows per KV head in one attention matmul (batch-invariant mode)
 KEY_BLOCK = 64  # attention key ranges are padded to a multiple of this (batch-invariant mode)
 
