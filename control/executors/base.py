@@ -163,6 +163,7 @@ class IterationStats:
     policy_ms: float = 0.0  # decide + prune + observe
     total_ms: float = 0.0
     k: list[int] = field(default_factory=list)
+    policy_error: str | None = None  # the policy raised; this step decoded without speculation
 
 
 @runtime_checkable

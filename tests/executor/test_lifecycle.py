@@ -236,3 +236,37 @@ def test_policy_swap_at_run_time(loaded, prompts):
             break
     assert toks == plain_reference(loaded, [prompts[4]], [greedy(20, ignore_eos=True)])[0]
     assert eng.last_stats.step > 0 and rid not in eng._reqs
+
+
+class Broken:
+    """A policy that fails in one of its calls."""
+
+    name = "broken"
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def decide(self, view):
+        if self.where == "decide":
+            raise RuntimeError("boom")
+        if self.where == "shape":
+            return Decision(np.ones(view.n + 1, dtype=np.int64), np.zeros(view.n + 1, dtype=np.int64))
+        return Decision(np.full(view.n, 3), np.zeros(view.n, dtype=np.int64))
+
+    def prune(self, view, decision, drafted, confidence):
+        if self.where == "prune":
+            raise KeyError("prune")
+        return drafted
+
+    def observe(self, outcome):
+        if self.where == "observe":
+            raise ValueError("observe")
+
+
+@pytest.mark.parametrize("where", ["decide", "shape", "prune", "observe"])
+def test_a_failing_policy_does_not_fail_requests(loaded, prompts, where, caplog):
+    eng = make_engine(loaded, Broken(where))
+    res = eng.generate(prompts[:3], greedy(10))
+    assert [r.token_ids for r in res] == plain_reference(loaded, prompts[:3], [greedy(10)] * 3)
+    assert eng.policy_errors > 0 and eng.last_policy_error.startswith(where.replace("shape", "decide"))
+    assert "policy 'broken' failed" in caplog.text

@@ -22,6 +22,7 @@ a block of drafts, decoded alone, or packed with any other requests.
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -49,6 +50,7 @@ from control.policy.spec import MAX_K_LIMIT
 from control.policy.types import Decision, Policy, StepOutcome, StepView
 
 I64 = np.int64
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,15 +85,19 @@ class EngineConfig:
         return self
 
 
+def _plain(n: int) -> Decision:
+    d = Decision.plain(n)
+    d.prefill_draft = False
+    return d
+
+
 class PlainDecoding:
     """The policy an engine uses when given none: never speculate, never prefill drafts."""
 
     name = "none"
 
     def decide(self, view: StepView) -> Decision:
-        d = Decision.plain(view.n)
-        d.prefill_draft = False
-        return d
+        return _plain(view.n)
 
     def observe(self, outcome: StepOutcome) -> None:
         pass
@@ -195,6 +201,8 @@ class ReferenceEngine:
         self._t0 = clock()
         self.step_no = 0
         self.last_stats = IterationStats()
+        self.policy_errors = 0
+        self.last_policy_error: str | None = None
         self._any_category = False
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # inbox, cancellations, live ids, streams
@@ -324,7 +332,7 @@ class ReferenceEngine:
                 prefill_tokens = int(sum(r.prompt.size for r in admitted))
                 view = self._view(dec, prefill_tokens)
                 tp = self.clock()
-                decision = policy.decide(view)
+                decision = self._policy_call(stats, "decide", policy.decide, view) or _plain(view.n)
                 stats.policy_ms += (self.clock() - tp) * 1e3
                 if admitted:
                     tp = self.clock()
@@ -476,6 +484,9 @@ class ReferenceEngine:
         if k.shape[0] != n or d.shape[0] != n:
             raise ValueError(f"policy '{getattr(policy, 'name', policy)}' returned {k.shape[0]} draft lengths and "
                              f"{d.shape[0]} drafters for a step of {n} requests")
+        if decision.conf_cut is not None and np.asarray(decision.conf_cut).reshape(-1).shape[0] != n:
+            raise ValueError(f"policy '{getattr(policy, 'name', policy)}' returned "
+                             f"{np.asarray(decision.conf_cut).reshape(-1).shape[0]} confidence cuts for {n} requests")
         if not self.drafters:
             return np.zeros(n, dtype=I64), np.zeros(n, dtype=I64)
         cap = np.clip(np.minimum(view.k_cap, view.remaining - 1), 0, self.max_k)
@@ -491,7 +502,12 @@ class ReferenceEngine:
                 stats: IterationStats) -> list[RequestOutput]:
         t_start = self.clock()
         n = int(dec.size)
-        k, d = self._clamp(view, decision, policy)
+        try:
+            k, d = self._clamp(view, decision, policy)
+        except (ValueError, TypeError) as e:
+            self._policy_failed(stats, "decide", e)
+            decision = _plain(n)
+            k, d = self._clamp(view, decision, policy)
         cut = None if decision.conf_cut is None else np.asarray(decision.conf_cut, dtype=np.float64).reshape(-1)
         kmax = int(k.max(initial=0))
         drafts = np.full((n, kmax), -1, dtype=I64)
@@ -525,8 +541,9 @@ class ReferenceEngine:
         prune = getattr(policy, "prune", None)
         if prune is not None and count.any():
             tp = self.clock()
-            v = np.asarray(prune(view, decision, count, conf), dtype=I64).reshape(-1)
+            v = self._policy_call(stats, "prune", prune, view, decision, count, conf)
             stats.policy_ms += (self.clock() - tp) * 1e3
+            v = count if v is None else np.asarray(v, dtype=I64).reshape(-1)
             verified = np.clip(v, 0, count) if v.shape[0] == n else count
         # Verify: each request's last token and its verified drafts, packed into one target pass.
         t_v = self.clock()
@@ -582,7 +599,7 @@ class ReferenceEngine:
             finished=np.array(finished, dtype=I64), now=self.clock() - self._t0, step=view.step,
         )
         tp = self.clock()
-        policy.observe(outcome)
+        self._policy_call(stats, "observe", policy.observe, outcome)
         stats.policy_ms += (self.clock() - tp) * 1e3
         stats.decode_batch = n
         stats.k = k.tolist()
@@ -591,6 +608,25 @@ class ReferenceEngine:
         stats.generated = int(sum(len(o.new_token_ids) for o in outputs))
         stats.draft_ms, stats.verify_ms = draft_ms, verify_ms
         return outputs
+
+    # -- policy calls --------------------------------------------------------------------------------
+    def _policy_call(self, stats: IterationStats, what: str, fn, *args):
+        """Call the policy; a policy that raises must not take the requests down with it: the step
+        falls back to plain decoding (None) and the error is logged and kept in the stats."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - any policy bug; the engine keeps serving
+            self._policy_failed(stats, what, e)
+            return None
+
+    def _policy_failed(self, stats: IterationStats, what: str, e: Exception) -> None:
+        stats.policy_error = self.last_policy_error = f"{what}: {type(e).__name__}: {e}"
+        self.policy_errors += 1
+        if self.policy_errors == 1 or self.policy_errors % 1000 == 0:
+            log.error("policy '%s' failed in %s (%d failures so far); the engine keeps serving (%s)",
+                      getattr(self.policy, "name", self.policy), what, self.policy_errors,
+                      {"decide": "this step without speculation", "prune": "verifying every drafted token",
+                       "observe": "the policy misses this step's outcome"}[what], exc_info=e)
 
     # -- commit and finish ------------------------------------------------------------------------------
     def _commit(self, r: _Request, new: np.ndarray, verified: int, accepted: int, outputs: list[RequestOutput]) -> bool:
