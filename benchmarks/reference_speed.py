@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         ks = [int(x) for x in args.ks.split(",")]
         engine_dir = args.engine_dir or build_synthetic(Path(args.synthetic))
         loaded = load_engine_dir(engine_dir)
-        drafter = args.drafter or next(n for n, m in loaded.drafters.items() if m is not None)
+        drafter = args.drafter or next(n for n, m in loaded.drafters.items() if hasattr(m, "config"))
         with console.status("profile for the plans"):
             profile = load_profile(args.profile) if args.profile else (find_profile(loaded) or quick_profile(loaded))
     except (SpecctlError, ValueError, StopIteration) as e:

@@ -56,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_engine_dir(args.engine_dir, device=args.device)
     if args.drafter is not None and args.drafter not in loaded.drafters:
         raise ConfigError(f"--drafter {args.drafter}: not in this engine (it has: {', '.join(loaded.drafters)})")
-    models = [n for n, m in loaded.drafters.items() if m is not None]
-    drafter = args.drafter or (models[0] if models else next(iter(loaded.drafters), None))
+    drafter = args.drafter or _default_drafter(loaded.drafters)
     stop = [loaded.tokenizer.encode(s, add_special_tokens=False).ids for s in args.stop if s]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, random_seed=args.seed, stop_words=[s for s in stop if s])
@@ -103,6 +102,17 @@ def run(args: argparse.Namespace) -> int:
               f"{getattr(policy, 'name', spec)}, drafter {drafter or '-'}: drafted {drafted}, accepted {accepted} "
               f"({stats['acceptance_rate']:.0%}); draft {draft_ms:.1f} ms, verify {verify_ms:.1f} ms[/dim]")
     return 0
+
+
+def _default_drafter(drafters: dict) -> str | None:
+    """The first draft model, else the first model-based drafter, else the first drafter."""
+    from control.executors.reference.model import LlamaForCausalLM
+
+    for pick in (lambda m: isinstance(m, LlamaForCausalLM), lambda m: m is not None, lambda m: True):
+        for name, m in drafters.items():
+            if pick(m):
+                return name
+    return None
 
 
 def _policy(spec: str, loaded, drafter: str, args, err):

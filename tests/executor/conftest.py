@@ -46,13 +46,15 @@ def prompts(loaded):
     return [loaded.encode(t) for t in PROMPTS]
 
 
-def tiny_profile(names=("draft-small", "draft-tiny", "ngram"), acceptance=None):
+def tiny_profile(names=("draft-small", "draft-tiny", "ngram", "self-spec"), acceptance=None):
     """A synthetic profile (known coefficients) naming the tiny engine's drafters; speculation pays."""
     models = {"target": {"a_ms_per_ctx_token": 1e-4, "b_ms_per_batched_token": 0.05, "c_ms": 4.0}}
     drafters = []
     for n in names:
         if n == "ngram":
             drafters.append({"name": n, "kind": "ngram", "cost_ms": 0.05, "confidences": False})
+        elif n.startswith("self"):
+            drafters.append({"name": n, "kind": "self_spec", "model": "target", "sink": 4, "window": 24})
         else:
             models[n] = {"a_ms_per_ctx_token": 1e-5, "b_ms_per_batched_token": 0.01, "c_ms": 0.3}
             drafters.append({"name": n, "kind": "draft_model", "model": n})
@@ -62,7 +64,7 @@ def tiny_profile(names=("draft-small", "draft-tiny", "ngram"), acceptance=None):
 
 
 def make_policy(spec: str, default_drafter: str = "draft-small", max_k: int = 6, names=None, **plan_kw):
-    profile = tiny_profile(names or ("draft-small", "draft-tiny", "ngram"))
+    profile = tiny_profile(names or ("draft-small", "draft-tiny", "ngram", "self-spec"))
     plan = compile_plan(profile, policy=spec, max_k=max_k, default_drafter=default_drafter, **plan_kw)
     return build_policy(spec, plan)
 

@@ -13,7 +13,7 @@ from tests.executor.conftest import tiny_profile
 @pytest.fixture(scope="module")
 def profile_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("profiles") / "tiny.yaml"
-    tiny_profile().save(p)
+    tiny_profile(("draft-small", "draft-tiny", "ngram")).save(p)
     return str(p)
 
 

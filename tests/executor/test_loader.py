@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from control.errors import ConfigError
+from control.executors.reference.drafters import SelfSpec
 from control.executors.reference.loader import load_engine_dir
 from control.executors.reference.model import LlamaConfig, save_pretrained
 from tests.executor.tiny import random_model
@@ -29,8 +30,8 @@ def _edit_manifest(d, fn):
 
 def test_loads_target_drafters_and_tokenizer(tiny_engine_dir):
     le = load_engine_dir(tiny_engine_dir)
-    assert list(le.drafters) == ["draft-small", "draft-tiny", "ngram"]
-    assert le.drafters["ngram"] is None
+    assert list(le.drafters) == ["draft-small", "draft-tiny", "ngram", "self-spec"]
+    assert le.drafters["ngram"] is None and le.drafters["self-spec"] == SelfSpec(4, 24)
     assert le.drafters["draft-tiny"].num_parameters() < le.drafters["draft-small"].num_parameters() < le.target.num_parameters()
     assert le.target.batch_invariant and not le.drafters["draft-small"].batch_invariant
     ids = le.encode("def f(x): return x")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from control.executors.reference.drafters import SelfSpec
 from tests.executor.conftest import (
     ChaosPolicy,
     Recorder,
@@ -40,10 +41,10 @@ def assert_same(out, reference):
         assert reason is not None
 
 
-@pytest.mark.parametrize("drafter", ["draft-small", "draft-tiny", "ngram"])
+@pytest.mark.parametrize("drafter", ["draft-small", "draft-tiny", "ngram", "self-spec"])
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_fixed_k_every_drafter_mixed_batches(loaded, prompts, reference, drafter, k):
-    rec = Recorder(make_policy(f"fixed:{k}", default_drafter=drafter))
+    rec = Recorder(make_policy(f"fixed:{k}", default_drafter=drafter, names=("draft-small", "draft-tiny", "ngram", "self-spec")))
     eng = make_engine(loaded, rec, default_drafter=drafter)
     out = run_schedule(eng, schedule(prompts), check=lambda e: e.pool.check(e.pool.in_use.nonzero()[0], e.n_tok))
     assert_same(out, reference)
@@ -51,9 +52,20 @@ def test_fixed_k_every_drafter_mixed_batches(loaded, prompts, reference, drafter
     accepted = sum(int(o.accepted.sum()) for o in rec.outcomes)
     assert drafted > 0
     assert max(int(o.verified.max()) for o in rec.outcomes) <= k
-    if drafter == "draft-small":  # a truncated copy of the target: it agrees often, so blocks are accepted
+    if drafter in ("draft-small", "self-spec"):  # a truncated copy / the target itself: they agree often
         assert accepted / drafted > 0.2
     assert max(o.n for o in rec.outcomes) == 4  # batches were full at times
+
+
+def test_self_speculation_with_a_window_covering_the_context_accepts_nearly_everything(loaded, prompts, reference):
+    """Sink + window >= context: the draft is the target itself (fused attention instead of the
+    invariant path, so a near-tie may still disagree)."""
+    rec = Recorder(make_policy("fixed:4", default_drafter="wide", names=("wide",)))
+    eng = make_engine(loaded, rec, drafters={"wide": SelfSpec(0, 256)})
+    out = run_schedule(eng, schedule(prompts))
+    assert_same(out, reference)
+    drafted = sum(int(o.verified.sum()) for o in rec.outcomes)
+    assert sum(int(o.accepted.sum()) for o in rec.outcomes) >= 0.95 * drafted > 0
 
 
 def test_copy_of_target_accepts_everything(loaded, prompts, reference):

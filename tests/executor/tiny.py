@@ -5,7 +5,8 @@ process, and a manifest in the engine-directory layout (``control/executors/mani
 - ``draft-small``: the target's first layer with its embeddings, norm and head (a truncated-layer
   copy; the target's last layer is damped, so the copy's proposals agree with it about half the time);
 - ``draft-tiny``: an unrelated random 1-layer model of half the width (rarely agrees);
-- ``ngram``: prompt lookup.
+- ``ngram``: prompt lookup;
+- ``self-spec``: the target with a 4-token sink and a 24-token window (MagicDec self-speculation).
 Weights are scaled up from PyTorch's default init so the models are confident (fewer near-ties)
 and the output is not one repeated token.
 """
@@ -104,6 +105,7 @@ def build_tiny_engine_dir(out: str | Path, seed: int = 0, max_position: int = 25
              "params": models["draft-small"].num_parameters()},
             {"name": "draft-tiny", "kind": "draft_model", "model": "draft-tiny", "params": tiny.num_parameters()},
             {"name": "ngram", "kind": "ngram"},
+            {"name": "self-spec", "kind": "self_spec", "sink": 4, "window": 24},
         ],
         "quick": True,
         "seed": seed,

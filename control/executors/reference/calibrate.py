@@ -80,7 +80,8 @@ def _time_model(model: LlamaForCausalLM, repeats: int) -> tuple[list, list, list
 def quick_profile(loaded: LoadedEngine, repeats: int = 3, max_batch: int = 32) -> Profile:
     """Measure and fit a small profile for ``loaded`` (target, each draft model, n-gram lookup)."""
     models, grid = {}, {}
-    for name, model in [("target", loaded.target)] + [(n, m) for n, m in loaded.drafters.items() if m is not None]:
+    for name, model in [("target", loaded.target)] + [(n, m) for n, m in loaded.drafters.items()
+                                                       if isinstance(m, LlamaForCausalLM)]:
         n_ctx, n_tok, t_ms = _time_model(model, repeats)
         fit = fit_linear_cost(n_ctx, n_tok, t_ms)
         models[name] = CostCoeffs.from_cost(fit).model_dump()
@@ -96,6 +97,9 @@ def quick_profile(loaded: LoadedEngine, repeats: int = 3, max_batch: int = 32) -
             continue
         if spec.kind == "ngram":
             drafters.append({"name": spec.name, "kind": "ngram", "cost_ms": round(ngram_ms, 4), "confidences": False})
+        elif spec.kind == "self_spec":
+            drafters.append({"name": spec.name, "kind": "self_spec", "model": "target", "sink": spec.sink,
+                             "window": spec.window})
         else:
             drafters.append({"name": spec.name, "kind": "draft_model", "model": spec.name})
         if spec.acceptance is not None:

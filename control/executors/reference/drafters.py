@@ -7,6 +7,10 @@
   further draft token over the requests still drafting. A request stops at its k or once the
   running product of its draft confidences falls below its cut (SpecServe's adaptive drafting;
   the token that crossed the cut is kept, the verifier may prune it).
+- ``SelfSpecDrafter``: the target itself with a StreamingLLM KV budget (MagicDec): each draft
+  pass attends to the first ``sink`` and the last ``window`` positions only, so at long context it
+  reads far less KV than the target's pass. It writes into the target's own cache beyond the
+  request's valid length, rows the verify pass then recomputes, so it never lags.
 - ``NgramDrafter``: prompt lookup. The longest suffix (n = 3, then 2, then 1 tokens) of the context
   that occurred earlier in the prompt or the output proposes the tokens that followed its latest
   earlier occurrence. Stateless, no confidences.
@@ -25,6 +29,18 @@ from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
 from control.executors.reference.sampling import filtered_probs, sample_index
 
 I64 = np.int64
+
+
+@dataclass(frozen=True, slots=True)
+class SelfSpec:
+    """Marks a self-speculation drafter in an engine's drafter map (the model is the target)."""
+
+    sink: int
+    window: int
+
+    def __post_init__(self) -> None:
+        if self.sink < 0 or self.window < 1:
+            raise ValueError(f"self-speculation needs sink >= 0 and window >= 1 (got sink={self.sink}, window={self.window})")
 
 
 @dataclass(slots=True)
@@ -93,15 +109,7 @@ class DraftModelDrafter:
         active = np.arange(n)
         prod = np.ones(n)
         for s in range(kmax):
-            tok, c = self._choose(logits, active, rows, q, s)
-            drafts[active, s] = tok
-            conf[active, s] = c
-            count[active] += 1
-            prod[active] *= c
-            keep = count[active] < rows.k[active]
-            if rows.conf_cut is not None:
-                keep &= prod[active] >= rows.conf_cut[active]
-            active = active[keep]
+            active = _take(logits, active, rows, drafts, conf, count, prod, q, s)
             if active.size == 0:
                 break
             pos = nt[active] + s  # d_{s+1} sits right after the previous token
@@ -115,26 +123,80 @@ class DraftModelDrafter:
         self.lengths[rows.slots] = nt + count - 1
         return DraftResult(drafts, count, conf, q, passes, ctx_tokens, batched)
 
-    @staticmethod
-    def _choose(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, q: list | None, s: int):
-        """Next draft token and its confidence for each active row (logits are in active order)."""
-        probs = torch.softmax(logits.float(), dim=-1)
-        tok = probs.argmax(dim=-1)
-        c = probs.gather(1, tok[:, None])[:, 0]
-        tok_np, c_np = tok.numpy().astype(I64), c.numpy().astype(np.float64)
-        samp = np.flatnonzero(rows.sampled[active])
-        if samp.size:
-            r = active[samp]
-            fp = filtered_probs(logits[torch.from_numpy(samp)], torch.from_numpy(rows.temperature[r]).float(),
-                                torch.from_numpy(rows.top_k[r]), torch.from_numpy(rows.top_p[r]).float())
-            fp = fp.double().numpy()
-            for j, row in enumerate(r):
-                t = sample_index(fp[j], rows.rngs[row])
-                tok_np[samp[j]] = t
-                c_np[samp[j]] = fp[j, t]
-                prev = q[row]
-                q[row] = fp[j][None, :] if prev is None else np.concatenate([prev, fp[j][None, :]])
-        return tok_np, c_np
+
+class SelfSpecDrafter:
+    kind = "self_spec"
+    has_state = False
+    has_confidence = True
+
+    def __init__(self, name: str, target: LlamaForCausalLM, cache: KVCache, sink: int, window: int) -> None:
+        self.name = name
+        self.model = target
+        self.cache = cache  # the target's own cache
+        self.window = (sink, window)
+
+    def propose(self, rows: DraftRows, device) -> DraftResult:
+        n = rows.slots.shape[0]
+        kmax = int(rows.k.max())
+        drafts = np.full((n, kmax), -1, dtype=I64)
+        conf = np.full((n, kmax), np.nan)
+        count = np.zeros(n, dtype=I64)
+        q: list | None = [None] * n if rows.sampled.any() else None
+        nt = rows.n_tok[rows.slots]
+        budget = sum(self.window)
+        active = np.arange(n)
+        prod = np.ones(n)
+        feed = rows.tokens[rows.slots, nt - 1]  # the last token, then each new draft token
+        passes = ctx_tokens = 0
+        for s in range(kmax):
+            pos = nt[active] - 1 + s
+            segs = [Segment(int(sl), int(p), 1) for sl, p in zip(rows.slots[active], pos, strict=True)]
+            logits = self.model(torch.from_numpy(np.ascontiguousarray(feed)).to(device), segs, self.cache,
+                                window=self.window)
+            passes += 1
+            ctx_tokens += int(np.minimum(pos + 1, budget).sum())
+            active = _take(logits, active, rows, drafts, conf, count, prod, q, s)
+            if active.size == 0:
+                break
+            feed = drafts[active, s]
+        return DraftResult(drafts, count, conf, q, passes, ctx_tokens, int(count.sum()))
+
+
+def _take(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, drafts: np.ndarray, conf: np.ndarray,
+          count: np.ndarray, prod: np.ndarray, q: list | None, s: int) -> np.ndarray:
+    """Record draft token s for the active rows (logits in active order); return the rows that go on."""
+    tok, c = _choose(logits, active, rows, q)
+    drafts[active, s] = tok
+    conf[active, s] = c
+    count[active] += 1
+    prod[active] *= c
+    keep = count[active] < rows.k[active]
+    if rows.conf_cut is not None:
+        keep &= prod[active] >= rows.conf_cut[active]
+    return active[keep]
+
+
+def _choose(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, q: list | None):
+    """Next draft token and its confidence for each active row: the most likely token and its
+    probability, or for sampled rows a draw from the filtered distribution (kept in ``q``)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    tok = probs.argmax(dim=-1)
+    c = probs.gather(1, tok[:, None])[:, 0]
+    tok_np, c_np = tok.cpu().numpy().astype(I64), c.cpu().numpy().astype(np.float64)
+    samp = np.flatnonzero(rows.sampled[active])
+    if samp.size:
+        r = active[samp]
+        fp = filtered_probs(logits[torch.from_numpy(samp).to(logits.device)].cpu(),
+                            torch.from_numpy(rows.temperature[r]).float(),
+                            torch.from_numpy(rows.top_k[r]), torch.from_numpy(rows.top_p[r]).float())
+        fp = fp.double().numpy()
+        for j, row in enumerate(r):
+            t = sample_index(fp[j], rows.rngs[row])
+            tok_np[samp[j]] = t
+            c_np[samp[j]] = fp[j, t]
+            prev = q[row]
+            q[row] = fp[j][None, :] if prev is None else np.concatenate([prev, fp[j][None, :]])
+    return tok_np, c_np
 
 
 class NgramDrafter:

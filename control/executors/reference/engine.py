@@ -35,7 +35,13 @@ import torch
 
 from control.errors import ConfigError
 from control.executors.base import FinishReason, IterationStats, RequestOutput, SamplingParams
-from control.executors.reference.drafters import DraftModelDrafter, DraftRows, NgramDrafter
+from control.executors.reference.drafters import (
+    DraftModelDrafter,
+    DraftRows,
+    NgramDrafter,
+    SelfSpec,
+    SelfSpecDrafter,
+)
 from control.executors.reference.kvpool import KVPool
 from control.executors.reference.model import LlamaForCausalLM, Segment
 from control.executors.reference.sampling import (
@@ -136,12 +142,12 @@ class GenerationResult:
 class ReferenceEngine:
     """A PyTorch engine for a Llama target and its drafters (see the module docstring).
 
-    ``drafters`` maps names to draft models, or to None for n-gram prompt lookup; their order is the
-    drafter index policies see. Thread safety: ``add_request``, ``cancel``, ``has_work`` and
+    ``drafters`` maps names to draft models, to ``SelfSpec(sink, window)`` for self-speculation with
+    the target, or to None for n-gram prompt lookup; their order is the drafter index policies see. Thread safety: ``add_request``, ``cancel``, ``has_work`` and
     ``set_policy`` may be called from any thread; ``step`` from one loop thread at a time.
     """
 
-    def __init__(self, target: LlamaForCausalLM, drafters: dict[str, LlamaForCausalLM | None] | None = None,
+    def __init__(self, target: LlamaForCausalLM, drafters: dict[str, LlamaForCausalLM | SelfSpec | None] | None = None,
                  policy: Policy | None = None, config: EngineConfig | None = None, *, clock=time.perf_counter) -> None:
         cfg = (config or EngineConfig()).validate()
         self.cfg = cfg
@@ -158,17 +164,19 @@ class ReferenceEngine:
         self.eos = cfg.eos_token_id if cfg.eos_token_id is not None else tc.eos_token_id
         drafters = dict(drafters or {})
         for name, m in drafters.items():
-            if m is not None and m.config.vocab_size != self.vocab:
+            if isinstance(m, LlamaForCausalLM) and m.config.vocab_size != self.vocab:
                 raise ConfigError(f"drafter '{name}' has vocabulary {m.config.vocab_size}; the target has {self.vocab} "
                                   "(a draft must share the target's tokenizer)")
         self.drafter_names = tuple(drafters)
         dtype = target.lm_head.weight.dtype
-        self.pool = KVPool(tc, {j: m.config for j, m in enumerate(drafters.values()) if m is not None},
+        self.pool = KVPool(tc, {j: m.config for j, m in enumerate(drafters.values()) if isinstance(m, LlamaForCausalLM)},
                            len(drafters), cfg.max_batch, self.max_len, self.device, dtype)
-        self.drafters: list[DraftModelDrafter | NgramDrafter] = []
+        self.drafters: list[DraftModelDrafter | SelfSpecDrafter | NgramDrafter] = []
         for j, (name, m) in enumerate(drafters.items()):
             if m is None:
                 self.drafters.append(NgramDrafter(name))
+            elif isinstance(m, SelfSpec):
+                self.drafters.append(SelfSpecDrafter(name, target, self.pool.target, m.sink, m.window))
             else:
                 self.drafters.append(DraftModelDrafter(name, m, self.pool.drafts[j], self.pool.draft_len[:, j]))
         self.has_state = np.array([d.has_state for d in self.drafters] or [False])

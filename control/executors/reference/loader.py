@@ -8,19 +8,21 @@ from pathlib import Path
 
 from control.errors import ConfigError
 from control.executors.manifest import EngineManifest, load_manifest
+from control.executors.reference.drafters import SelfSpec
 from control.executors.reference.model import LlamaForCausalLM, load_pretrained
 
-SUPPORTED_DRAFTERS = ("draft_model", "ngram")
+SUPPORTED_DRAFTERS = ("draft_model", "self_spec", "ngram")
 
 
 @dataclass
 class LoadedEngine:
-    """The target, the drafters (name -> draft model, or None for n-gram lookup) and the tokenizer."""
+    """The target, the drafters (name -> draft model, SelfSpec for self-speculation, None for n-gram
+    lookup) and the tokenizer."""
 
     engine_dir: Path
     manifest: EngineManifest
     target: LlamaForCausalLM
-    drafters: dict[str, LlamaForCausalLM | None]
+    drafters: dict[str, LlamaForCausalLM | SelfSpec | None]
     tokenizer: object  # tokenizers.Tokenizer
 
     @property
@@ -88,10 +90,16 @@ def load_engine_dir(engine_dir: str | Path, device: str = "cpu", dtype=None) -> 
     vocab = target.config.vocab_size
     if tokenizer.get_vocab_size() > vocab:
         raise ConfigError(f"'{tok_path}' has {tokenizer.get_vocab_size()} tokens but the target's vocab_size is {vocab}")
-    drafters: dict[str, LlamaForCausalLM | None] = {}
+    drafters: dict[str, LlamaForCausalLM | SelfSpec | None] = {}
     for spec in m.drafters:
         if spec.kind == "ngram":
             drafters[spec.name] = None
+            continue
+        if spec.kind == "self_spec":
+            if spec.window < 1:
+                raise ConfigError(f"{d / 'manifest.json'}: drafter '{spec.name}' (self_spec) needs window >= 1 "
+                                  f"(got sink={spec.sink}, window={spec.window})")
+            drafters[spec.name] = SelfSpec(spec.sink, spec.window)
             continue
         model = load_pretrained(d / spec.model, device=device, dtype=dtype)
         if model.config.vocab_size != vocab:

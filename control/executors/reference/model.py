@@ -215,7 +215,8 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
     def forward(self, x, cos, sin, segments: list[Segment], kc: torch.Tensor, vc: torch.Tensor,
-                invariant: bool = False, tri: torch.Tensor | None = None) -> torch.Tensor:
+                invariant: bool = False, tri: torch.Tensor | None = None,
+                window: tuple[int, int] | None = None) -> torch.Tensor:
         """Rows of ``x`` beyond the segments' tokens are padding: their output is zero."""
         q, k, v = self._qkv(x, cos, sin)
         out = torch.zeros_like(q) if invariant else torch.empty_like(q)
@@ -228,6 +229,11 @@ class Attention(nn.Module):
             qs = q[off:off + t].transpose(0, 1)  # (H, t, D)
             if invariant:
                 o = self._attend_invariant(qs, seg.slot, seg.start, end, kc, vc, tri)
+            elif window is not None and end > window[0] + window[1]:
+                sink, recent = window  # StreamingLLM: the first ``sink`` keys and the last ``recent``
+                ks = torch.cat([kc[seg.slot, :, :sink], kc[seg.slot, :, end - recent:end]], dim=1)
+                vs = torch.cat([vc[seg.slot, :, :sink], vc[seg.slot, :, end - recent:end]], dim=1)
+                o = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=self.hkv != self.h)
             elif t == 1:
                 o = F.scaled_dot_product_attention(qs, kc[seg.slot, :, :end], vc[seg.slot, :, :end],
                                                    enable_gqa=self.hkv != self.h)
@@ -350,21 +356,25 @@ class LlamaForCausalLM(nn.Module):
         return self._tri
 
     def forward(self, input_ids: torch.Tensor, segments: list[Segment], cache: KVCache,
-                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                logits_at: torch.Tensor | None = None, window: tuple[int, int] | None = None) -> torch.Tensor:
         """Packed decoding pass. ``input_ids``: (N,) tokens of all segments concatenated.
 
         Returns logits (N, vocab), or only at the packed indices ``logits_at`` (saves the vocab
-        projection for prefill tokens whose logits nobody needs).
+        projection for prefill tokens whose logits nobody needs). ``window = (sink, recent)``
+        restricts attention to the first ``sink`` and the last ``recent`` positions (a StreamingLLM
+        KV budget, for self-speculation as in MagicDec); one-token segments only, never invariant.
         """
         for s in segments:
             if s.start + s.length > cache.max_len:
                 raise ConfigError(f"sequence of {s.start + s.length} tokens exceeds the KV cache's {cache.max_len} positions")
+            if window is not None and s.length != 1:
+                raise ValueError("a sink+window forward takes one-token segments only")
         n = input_ids.shape[0]
         starts = torch.tensor([s.start for s in segments], dtype=torch.long)
         lengths = torch.tensor([s.length for s in segments], dtype=torch.long)
         offsets = torch.cumsum(lengths, 0) - lengths
         positions = (torch.arange(n) - torch.repeat_interleave(offsets - starts, lengths)).to(input_ids.device)
-        invariant = self.batch_invariant
+        invariant = self.batch_invariant and window is None
         pad = _round_up(max(n, 1), INVARIANT_ROWS) - n if invariant else 0
         if pad:
             positions = torch.cat([positions, positions.new_zeros(pad)])
@@ -374,7 +384,8 @@ class LlamaForCausalLM(nn.Module):
             h = torch.cat([h, h.new_zeros(pad, h.shape[1])])
         tri = self._causal_mask(cache.k[0].shape[2] + ATTN_ROWS, input_ids.device)
         for i, layer in enumerate(self.model.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i], invariant, tri)
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i], invariant, tri,
+                                    window)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = self.model.norm(h)
         h = h[logits_at] if logits_at is not None else h[:n]
