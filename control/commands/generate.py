@@ -128,7 +128,7 @@ def _policy(spec: str, loaded, drafter: str, args, err):
     else:
         profile = find_profile(loaded)
         if profile is None:
-            with err.status("no stored profile for this engine; measuring one (about a second)"):
+            with err.status("no stored profile for this engine; measuring one (a few seconds)"):
                 profile = quick_profile(loaded)
     if drafter not in profile.drafter_names:
         raise ConfigError(f"drafter '{drafter}' is not in profile {profile.sku}/{profile.pair} "

@@ -2,7 +2,7 @@
 
 ``find_profile`` looks in ``profiles/<sku>/*.yaml`` for a profile of the same engine (same pair
 name, or same SKU covering every drafter). ``quick_profile`` times a handful of packed forwards of
-the target and of each draft model (about a second on the CPU pair), fits T = a*N_ctx + b*N_batched
+the target and of each draft model (1-3 s for the full CPU pair shapes), fits T = a*N_ctx + b*N_batched
 + c with ``fit_linear_cost`` and returns a ``source: measured`` profile. It is deliberately small:
 ``specctl profile`` (the profiler) sweeps properly and should replace it wherever it is available.
 """
@@ -77,7 +77,7 @@ def _time_model(model: LlamaForCausalLM, repeats: int) -> tuple[list, list, list
     return n_ctx, n_tok, t_ms
 
 
-def quick_profile(loaded: LoadedEngine, repeats: int = 3, max_batch: int = 32) -> Profile:
+def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -> Profile:
     """Measure and fit a small profile for ``loaded`` (target, each draft model, n-gram lookup)."""
     models, grid = {}, {}
     for name, model in [("target", loaded.target)] + [(n, m) for n, m in loaded.drafters.items()
