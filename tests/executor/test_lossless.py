@@ -118,3 +118,18 @@ def test_batch_of_one_plain_equals_packed_plain(loaded, prompts, reference):
     eng = make_engine(loaded, max_batch=8)
     out = run_schedule(eng, schedule(prompts))
     assert_same(out, reference)
+
+
+def test_engine_driven_by_the_agent(loaded, prompts, reference):
+    """The in-process agent (control/agent.py, default plan, no service) as the engine's policy."""
+    from control.agent import Agent
+    from tests.executor.conftest import tiny_profile
+
+    eng = make_engine(loaded)
+    agent = Agent(tiny_profile(), policy="fixed:3", drafters=eng.drafter_names, max_k=6)
+    rec = Recorder(agent)
+    eng.set_policy(rec)
+    out = run_schedule(eng, schedule(prompts))
+    assert_same(out, reference)
+    assert eng.policy_errors == 0
+    assert sum(int(o.verified.sum()) for o in rec.outcomes) > 0
