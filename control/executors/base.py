@@ -59,6 +59,7 @@ class SamplingParams:
     bad_words: tuple[tuple[int, ...], ...] = ()
     num_draft_tokens: int | None = None
     ignore_eos: bool = False
+    end_id: int | None = None  # this request's end-of-sequence token (default: the model's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_words", _word_lists(self.stop_words, "stop_words"))
@@ -82,6 +83,8 @@ class SamplingParams:
             _int_in("random_seed", self.random_seed, 0, MAX_SEED)
         if self.num_draft_tokens is not None:
             _int_in("num_draft_tokens", self.num_draft_tokens, 0, None)
+        if self.end_id is not None:
+            _int_in("end_id", self.end_id, 0, None if vocab_size is None else vocab_size - 1)
         if vocab_size is not None:
             for name, words in (("stop_words", self.stop_words), ("bad_words", self.bad_words)):
                 for w in words:

@@ -58,6 +58,13 @@ def test_eos_inside_an_accepted_draft(loaded, prompts, copy_drafters, ref0):
     assert eng.running == 0 and eng.pool.free_slots == eng.max_batch
 
 
+def test_per_request_end_id(loaded, prompts, copy_drafters, ref0):
+    eng = make_engine(loaded, Always(5), drafters=copy_drafters)
+    a, b = eng.generate([prompts[0]] * 2, [greedy(30, end_id=ref0[4]), greedy(30, ignore_eos=True)])
+    assert a.token_ids == ref0[: ref0.index(ref0[4])] and a.finish_reason == FinishReason.stop
+    assert b.token_ids == ref0 and b.finish_reason == FinishReason.length
+
+
 def test_max_tokens_inside_a_draft(loaded, prompts, copy_drafters, ref0):
     rec = Recorder(Always(6))
     eng = make_engine(loaded, rec, drafters=copy_drafters)
@@ -196,6 +203,7 @@ def test_producers_on_other_threads_and_streams(loaded, prompts):
     ([5], SamplingParams(top_k=-2), "top_k"),
     ([5], SamplingParams(random_seed=-1), "random_seed"),
     ([5], SamplingParams(num_draft_tokens=-1), "num_draft_tokens"),
+    ([5], SamplingParams(end_id=100000), "end_id = 100000"),
     ([5], SamplingParams(stop_words=[[99999]]), "outside the vocabulary"),
 ])
 def test_bad_requests_get_one_line_errors_and_leave_the_engine_unharmed(loaded, prompts, prompt, params, message):

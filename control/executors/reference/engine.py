@@ -644,8 +644,9 @@ class ReferenceEngine:
         room = p.max_tokens - r.generated
         toks = new[:room]
         reason = FinishReason.length if toks.size == room else None
-        if self.eos is not None and not p.ignore_eos:
-            hit = np.flatnonzero(toks == self.eos)
+        eos = self.eos if p.end_id is None else p.end_id
+        if eos is not None and not p.ignore_eos:
+            hit = np.flatnonzero(toks == eos)
             if hit.size:
                 toks = toks[: hit[0]]
                 reason = FinishReason.stop
