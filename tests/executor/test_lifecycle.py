@@ -259,6 +259,8 @@ class Broken:
             raise RuntimeError("boom")
         if self.where == "shape":
             return Decision(np.ones(view.n + 1, dtype=np.int64), np.zeros(view.n + 1, dtype=np.int64))
+        if self.where == "type":
+            return {"k": [3] * view.n}
         return Decision(np.full(view.n, 3), np.zeros(view.n, dtype=np.int64))
 
     def prune(self, view, decision, drafted, confidence):
@@ -271,10 +273,11 @@ class Broken:
             raise ValueError("observe")
 
 
-@pytest.mark.parametrize("where", ["decide", "shape", "prune", "observe"])
+@pytest.mark.parametrize("where", ["decide", "shape", "type", "prune", "observe"])
 def test_a_failing_policy_does_not_fail_requests(loaded, prompts, where, caplog):
     eng = make_engine(loaded, Broken(where))
     res = eng.generate(prompts[:3], greedy(10))
     assert [r.token_ids for r in res] == plain_reference(loaded, prompts[:3], [greedy(10)] * 3)
-    assert eng.policy_errors > 0 and eng.last_policy_error.startswith(where.replace("shape", "decide"))
+    assert eng.policy_errors > 0
+    assert eng.last_policy_error.startswith({"shape": "decide", "type": "decide"}.get(where, where))
     assert "policy 'broken' failed" in caplog.text

@@ -342,6 +342,9 @@ class ReferenceEngine:
                 tp = self.clock()
                 decision = self._policy_call(stats, "decide", policy.decide, view) or _plain(view.n)
                 stats.policy_ms += (self.clock() - tp) * 1e3
+                if not isinstance(decision, Decision):
+                    self._policy_failed(stats, "decide", TypeError(f"decide returned {type(decision).__name__}, not a Decision"))
+                    decision = _plain(view.n)
                 if admitted:
                     tp = self.clock()
                     outputs += self._prefill(admitted, bool(decision.prefill_draft))
