@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default cpu; cuda when available)")
     p.add_argument("--threads", type=A.positive_int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--json", action="store_true",
-                   help='print {"text", "token_ids", "stats": {steps, drafted, accepted, acceptance_rate, draft_ms, verify_ms}}')
+                   help='print {"text", "token_ids", "stats": {steps, drafted, accepted, acceptance_rate, draft_ms, '
+                        'verify_ms}} (verify_ms includes the prompt\'s prefill)')
     p.set_defaults(run=run)
 
 
