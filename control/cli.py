@@ -19,6 +19,7 @@ from control.errors import SpecctlError
 COMMANDS = {
     "build": "control.commands.build",
     "explain": "control.commands.explain",
+    "generate": "control.commands.generate",
     "plan": "control.commands.plan",
     "control-plane": "control.commands.control_plane",
 }

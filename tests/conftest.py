@@ -36,3 +36,12 @@ def make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0), ngram_m
 @pytest.fixture
 def profile():
     return make_profile()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_dir(tmp_path_factory):
+    """A tiny engine directory (random Llama target, two drafts, n-gram; tokenizer trained in process),
+    in the layout of control/executors/manifest.py. Built once per session in about a second."""
+    from tests.executor.tiny import build_tiny_engine_dir
+
+    return build_tiny_engine_dir(tmp_path_factory.mktemp("engines") / "cpu")

@@ -12,6 +12,27 @@ Two forward paths:
 
 The cache only stores tensors; which rows are valid (the request's length) is the caller's
 business, so rolling back rejected draft tokens is just lowering that length.
+
+Batch invariance (``model.batch_invariant``, on by default): a token's logits are bitwise the same
+whether it is decoded alone, verified inside a block of k + 1 draft tokens, or packed with any other
+requests. That is what makes greedy speculative decoding lossless by construction rather than up to
+near-ties: without it, fp32 CPU kernels round differently for different batch shapes (MKL picks
+other GEMM kernels for very few rows; vectorised element-wise loops compute the scalar tail of a
+thread's chunk with a different exp; attention over a longer key range reduces in another order),
+and any of these can flip a greedy argmax. So the forward
+(1) pads the packed rows to a multiple of ``INVARIANT_ROWS`` before the layers: MKL's fp32 GEMM
+    gives a row the same bits for any row count that is a multiple of 4 (on 1 and 2 threads; with
+    2 threads, 5-7 and 9-11 rows take other kernels), and two threads then split every
+    element-wise op (the SwiGLU exp) into chunks without a scalar tail when widths are multiples
+    of 32;
+(2) computes attention per request with explicit matmuls, the query at position p over keys
+    0 .. round_up(p + 1, ``KEY_BLOCK``) - 1 (masked beyond p), a range that depends on p alone,
+    with at least ``ATTN_ROWS`` query rows per KV head.
+The padding costs compute at tiny batches (4 rows for 1: about 2x the linear layers' time at batch 1
+on the CPU pair, nothing from batch 4 on). ``tests/executor/test_invariance.py`` checks the
+property on 1 and 2 threads; other thread counts are not verified. Drafts, whose outputs only propose
+tokens, may turn it off for speed (fused SDPA, no padding). On CUDA the same padding is applied but
+cuBLAS makes no such promise: there greedy output can differ at a near-tie (bf16 makes ties likelier).
 """
 
 from __future__ import annotations
@@ -141,11 +162,24 @@ class Segment:
     length: int
 
 
+INVARIANT_ROWS = 4  # every linear layer's input is padded to a multiple of this many rows (batch-invariant mode)
+ATTN_ROWS = 4  # minimum query rows per KV head in one attention matmul (batch-invariant mode)
+KEY_BLOCK = 64  # attention key ranges are padded to a multiple of this (batch-invariant mode)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
 class KVCache:
-    """Per-layer K and V tensors of shape (slots, kv_heads, max_len, head_dim). Storage only."""
+    """Per-layer K and V tensors of shape (slots, kv_heads, storage, head_dim). Storage only.
+
+    ``max_len`` is the usable length; the storage is rounded up to a multiple of ``KEY_BLOCK`` so
+    the batch-invariant attention can read padded key ranges (the padding is always masked).
+    """
 
     def __init__(self, cfg: LlamaConfig, slots: int, max_len: int, device="cpu", dtype=torch.float32) -> None:
-        shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        shape = (slots, cfg.num_key_value_heads, _round_up(max_len, KEY_BLOCK), cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.slots = slots
@@ -180,9 +214,12 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.hkv != self.h)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
-    def forward(self, x, cos, sin, segments: list[Segment], kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, cos, sin, segments: list[Segment], kc: torch.Tensor, vc: torch.Tensor,
+                invariant: bool = False, tri: torch.Tensor | None = None,
+                window: tuple[int, int] | None = None) -> torch.Tensor:
+        """Rows of ``x`` beyond the segments' tokens are padding: their output is zero."""
         q, k, v = self._qkv(x, cos, sin)
-        out = torch.empty_like(q)
+        out = torch.zeros_like(q) if invariant else torch.empty_like(q)
         off = 0
         for seg in segments:
             t = seg.length
@@ -190,17 +227,55 @@ class Attention(nn.Module):
             kc[seg.slot, :, seg.start:end] = k[off:off + t].transpose(0, 1)
             vc[seg.slot, :, seg.start:end] = v[off:off + t].transpose(0, 1)
             qs = q[off:off + t].transpose(0, 1)  # (H, t, D)
-            ks = kc[seg.slot, :, :end]
-            vs = vc[seg.slot, :, :end]
-            if t == 1:
+            if invariant:
+                o = self._attend_invariant(qs, seg.slot, seg.start, end, kc, vc, tri)
+            elif window is not None and end > window[0] + window[1]:
+                sink, recent = window  # StreamingLLM: the first ``sink`` keys and the last ``recent``
+                ks = torch.cat([kc[seg.slot, :, :sink], kc[seg.slot, :, end - recent:end]], dim=1)
+                vs = torch.cat([vc[seg.slot, :, :sink], vc[seg.slot, :, end - recent:end]], dim=1)
                 o = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=self.hkv != self.h)
+            elif t == 1:
+                o = F.scaled_dot_product_attention(qs, kc[seg.slot, :, :end], vc[seg.slot, :, :end],
+                                                   enable_gqa=self.hkv != self.h)
             else:
-                qpos = torch.arange(seg.start, end, device=x.device)[:, None]
-                mask = torch.arange(end, device=x.device)[None, :] <= qpos
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=self.hkv != self.h)
+                o = F.scaled_dot_product_attention(qs, kc[seg.slot, :, :end], vc[seg.slot, :, :end],
+                                                   attn_mask=tri[seg.start:end, :end].logical_not(),
+                                                   enable_gqa=self.hkv != self.h)
             out[off:off + t] = o.transpose(0, 1)
             off += t
         return self.o_proj(out.reshape(x.shape[0], -1))
+
+    def _attend_invariant(self, qs, slot: int, start: int, end: int, kc, vc, tri) -> torch.Tensor:
+        """Causal attention of queries at positions start..end-1 whose every output row is bitwise
+        independent of how many queries are computed together.
+
+        The query at position p attends over keys 0 .. round_up(p + 1, KEY_BLOCK) - 1 (the tail is
+        masked), a range that depends on p alone, so its matmuls reduce in the same order whether
+        it is decoded alone or verified in a block; a block that crosses a KEY_BLOCK boundary is
+        computed in one group per key range. Each group has at least ATTN_ROWS query rows per KV
+        head (padded) so the GEMM kernel does not change with the number of queries.
+        """
+        h, hkv, d = self.h, self.hkv, self.d
+        g = h // hkv
+        t = qs.shape[1]
+        out = []
+        r0 = 0
+        while r0 < t:
+            keys = _round_up(start + r0 + 1, KEY_BLOCK)
+            r1 = min(t, keys - start)  # rows whose key range is ``keys``
+            n = r1 - r0
+            rows = max(n, -(-ATTN_ROWS // g))
+            qg = qs[:, r0:r1]
+            if rows > n:
+                qg = torch.cat([qg, qg.new_zeros(h, rows - n, d)], dim=1)
+            scores = torch.matmul(qg.reshape(hkv, g * rows, d), kc[slot, :, :keys].transpose(1, 2))
+            scores = scores.view(h, rows, keys).mul_(d ** -0.5)
+            scores.masked_fill_(tri[start + r0:start + r0 + rows, :keys], float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            o = torch.matmul(p.view(hkv, g * rows, keys), vc[slot, :, :keys]).view(h, rows, d)
+            out.append(o[:, :n])
+            r0 = r1
+        return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
 class MLP(nn.Module):
@@ -242,6 +317,8 @@ class LlamaForCausalLM(nn.Module):
         inv = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv.float(), persistent=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._tri: torch.Tensor | None = None  # tri[i, j] = key j is after query i (masked)
+        self.batch_invariant = True
 
     def _rope(self, positions: torch.Tensor):
         need = int(positions.max()) + 1 if positions.numel() else 1
@@ -272,25 +349,49 @@ class LlamaForCausalLM(nn.Module):
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.model.norm(h))
 
+    def _causal_mask(self, n: int, device) -> torch.Tensor:
+        if self._tri is None or self._tri.shape[0] < n or self._tri.device != torch.device(device):
+            n = _round_up(max(n, 2 * (self._tri.shape[0] if self._tri is not None else 0)), KEY_BLOCK)
+            self._tri = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+        return self._tri
+
     def forward(self, input_ids: torch.Tensor, segments: list[Segment], cache: KVCache,
-                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                logits_at: torch.Tensor | None = None, window: tuple[int, int] | None = None) -> torch.Tensor:
         """Packed decoding pass. ``input_ids``: (N,) tokens of all segments concatenated.
 
         Returns logits (N, vocab), or only at the packed indices ``logits_at`` (saves the vocab
-        projection for prefill tokens whose logits nobody needs).
+        projection for prefill tokens whose logits nobody needs). ``window = (sink, recent)``
+        restricts attention to the first ``sink`` and the last ``recent`` positions (a StreamingLLM
+        KV budget, for self-speculation as in MagicDec); one-token segments only, never invariant.
         """
-        positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(input_ids.device)
         for s in segments:
             if s.start + s.length > cache.max_len:
                 raise ConfigError(f"sequence of {s.start + s.length} tokens exceeds the KV cache's {cache.max_len} positions")
+            if window is not None and s.length != 1:
+                raise ValueError("a sink+window forward takes one-token segments only")
+        n = input_ids.shape[0]
+        starts = torch.tensor([s.start for s in segments], dtype=torch.long)
+        lengths = torch.tensor([s.length for s in segments], dtype=torch.long)
+        offsets = torch.cumsum(lengths, 0) - lengths
+        positions = (torch.arange(n) - torch.repeat_interleave(offsets - starts, lengths)).to(input_ids.device)
+        invariant = self.batch_invariant and window is None
+        pad = _round_up(max(n, 1), INVARIANT_ROWS) - n if invariant else 0
+        if pad:
+            positions = torch.cat([positions, positions.new_zeros(pad)])
         cos, sin = self._rope(positions)
         h = self.model.embed_tokens(input_ids)
+        if pad:
+            h = torch.cat([h, h.new_zeros(pad, h.shape[1])])
+        tri = self._causal_mask(cache.k[0].shape[2] + ATTN_ROWS, input_ids.device)
         for i, layer in enumerate(self.model.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i])
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i], invariant, tri,
+                                    window)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = self.model.norm(h)
-        if logits_at is not None:
-            h = h[logits_at]
+        h = h[logits_at] if logits_at is not None else h[:n]
+        m = h.shape[0]
+        if invariant and m % INVARIANT_ROWS:
+            return self.lm_head(torch.cat([h, h.new_zeros(_round_up(m, INVARIANT_ROWS) - m, h.shape[1])]))[:m]
         return self.lm_head(h)
 
 
@@ -343,6 +444,12 @@ def load_pretrained(model_dir: str | Path, device: str = "cpu", dtype: torch.dty
             f"'{d}': weights do not match a {cfg.num_hidden_layers}-layer Llama "
             f"(missing: {missing[:3]}{'...' if len(missing) > 3 else ''}; unexpected: {unexpected[:3]}{'...' if len(unexpected) > 3 else ''})"
         )
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [k for k in sorted(expected) if tuple(state[k].shape) != shapes[k]]
+    if wrong:
+        k = wrong[0]
+        raise ConfigError(f"'{d}': weight {k} has shape {tuple(state[k].shape)} but config.json implies {shapes[k]} "
+                          "(do the weights belong to this config?)")
     model.load_state_dict({k: state[k] for k in expected}, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

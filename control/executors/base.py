@@ -1,0 +1,205 @@
+"""What an engine must provide: the executor protocol and the types that cross it.
+
+An executor owns a batch of in-flight generation requests and advances them one engine iteration
+at a time. Its owner (``specctl generate``, the profiler, the Triton model's loop thread) does::
+
+    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=64), stream=True)
+    while engine.has_work():
+        for out in engine.step():          # one iteration: admit, prefill, draft, verify, accept
+            ...                             # RequestOutput per request that produced or finished
+    engine.cancel(rid)                      # frees the request's KV at once
+
+``add_request`` and ``cancel`` are thread-safe, so a server can accept requests on its own threads
+while one loop thread calls ``step()``; ``stream(rid)`` yields a request's outputs as the loop
+produces them. Bad input (an empty or over-long prompt, a sampling parameter out of range) raises
+``ConfigError`` from ``add_request`` for that request alone; nothing else in the batch is affected.
+
+Speculation is controlled by a policy (``control.policy.types.Policy``): once per iteration the
+executor shows it a ``StepView`` and follows its ``Decision``; ``set_policy`` swaps it at run time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+from control.errors import ConfigError
+from control.policy.types import Policy
+
+MAX_SEED = 2**63 - 1
+
+
+class FinishReason(str, Enum):
+    stop = "stop"  # end-of-sequence token or a stop word
+    length = "length"  # max_tokens reached
+    cancelled = "cancelled"  # cancel() was called
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request generation parameters (the names Triton's TensorRT-LLM models use).
+
+    ``temperature`` 0 is greedy decoding; above 0 tokens are sampled (after ``top_k`` and
+    ``top_p`` filtering) and speculative drafts are verified by rejection sampling, which leaves the
+    output distribution exactly the target's. ``stop_words`` / ``bad_words`` are token-id sequences
+    (callers with text encode them with the engine's tokenizer): generation stops after a stop word
+    (its tokens are part of the output) and never produces a bad word's last token after the rest
+    of it. ``num_draft_tokens`` caps this request's draft length (0 = never speculate).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    random_seed: int | None = None
+    stop_words: tuple[tuple[int, ...], ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    num_draft_tokens: int | None = None
+    ignore_eos: bool = False
+    end_id: int | None = None  # this request's end-of-sequence token (default: the model's)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_words", _word_lists(self.stop_words, "stop_words"))
+        object.__setattr__(self, "bad_words", _word_lists(self.bad_words, "bad_words"))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int | None = None) -> SamplingParams:
+        """Raise ConfigError naming the first bad value and what is accepted; return self."""
+        _int_in("max_tokens", self.max_tokens, 1, None)
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+            raise ConfigError(f"temperature = {t!r}: must be a finite number >= 0 (0 = greedy)")
+        _int_in("top_k", self.top_k, 0, None)
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, int | float) or not (0.0 < p <= 1.0):
+            raise ConfigError(f"top_p = {p!r}: must be in (0, 1] (1 = no nucleus filtering)")
+        if self.random_seed is not None:
+            _int_in("random_seed", self.random_seed, 0, MAX_SEED)
+        if self.num_draft_tokens is not None:
+            _int_in("num_draft_tokens", self.num_draft_tokens, 0, None)
+        if self.end_id is not None:
+            _int_in("end_id", self.end_id, 0, None if vocab_size is None else vocab_size - 1)
+        if vocab_size is not None:
+            for name, words in (("stop_words", self.stop_words), ("bad_words", self.bad_words)):
+                for w in words:
+                    bad = [x for x in w if not 0 <= x < vocab_size]
+                    if bad:
+                        raise ConfigError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        return self
+
+
+def _int_in(name: str, v, lo: int, hi: int | None) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{name} = {v!r}: must be an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+    if v < lo or (hi is not None and v > hi):
+        raise ConfigError(f"{name} = {v}: must be >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+
+
+def _word_lists(words, name: str) -> tuple[tuple[int, ...], ...]:
+    if not words:
+        return ()
+    if isinstance(words, str | bytes):
+        raise ConfigError(f"{name} = {words!r}: give token-id sequences (encode text with the engine's tokenizer)")
+    out = []
+    for w in words:
+        if isinstance(w, int) and not isinstance(w, bool):
+            w = (w,)
+        try:
+            seq = tuple(int(x) for x in w)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: entry {w!r} is not a sequence of token ids") from None
+        if not seq:
+            raise ConfigError(f"{name}: an entry is empty; each word needs at least one token id")
+        out.append(seq)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one request produced in one iteration (or its final state).
+
+    ``new_token_ids`` are the tokens appended this iteration (the end-of-sequence token is never
+    included). ``drafted`` / ``accepted`` are this iteration's draft tokens verified and accepted;
+    ``num_generated``, ``total_drafted`` and ``total_accepted`` are running totals.
+    """
+
+    request_id: int
+    new_token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    drafted: int = 0
+    accepted: int = 0
+    num_generated: int = 0
+    total_drafted: int = 0
+    total_accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.total_accepted / self.total_drafted if self.total_drafted else 0.0
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """One engine iteration, for telemetry and benchmarks (times in milliseconds)."""
+
+    step: int = 0
+    running: int = 0  # requests holding a KV slot after the iteration
+    waiting: int = 0
+    decode_batch: int = 0
+    prefill_requests: int = 0
+    prefill_tokens: int = 0
+    drafted: int = 0
+    verified: int = 0
+    accepted: int = 0
+    generated: int = 0
+    finished: int = 0
+    free_kv_slots: int = 0
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    policy_ms: float = 0.0  # decide + prune + observe
+    total_ms: float = 0.0
+    k: list[int] = field(default_factory=list)
+    policy_error: str | None = None  # the policy raised; this step decoded without speculation
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """A data plane the controller can drive (DESIGN.md section 3)."""
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
+                    category: int | None = None, stream: bool = False) -> int:
+        """Queue a request; returns its id. Raises ConfigError for bad input (nothing is queued)."""
+        ...
+
+    def cancel(self, request_id: int) -> bool:
+        """Stop a request and free its KV; False if it is unknown or already finished."""
+        ...
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; returns an output per request that produced tokens or finished."""
+        ...
+
+    def stream(self, request_id: int, timeout: float | None = None) -> Iterator[RequestOutput]:
+        """Yield the outputs of a request added with ``stream=True`` until it finishes."""
+        ...
+
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
+        ...
+
+    def set_policy(self, policy: Policy) -> None:
+        """Use ``policy`` from the next iteration on."""
+        ...
+
+    @property
+    def free_kv_slots(self) -> int: ...
+
+    @property
+    def last_stats(self) -> IterationStats: ...

@@ -1,0 +1,124 @@
+"""A profile for an engine directory when no profiler run exists: find one, or measure one quickly.
+
+``find_profile`` looks in ``profiles/<sku>/*.yaml`` for a profile of the same engine (same pair
+name, or same SKU covering every drafter). ``quick_profile`` times a handful of packed forwards of
+the target and of each draft model (1-3 s for the full CPU pair shapes), fits T = a*N_ctx + b*N_batched
++ c with ``fit_linear_cost`` and returns a ``source: measured`` profile. It is deliberately small:
+``specctl profile`` (the profiler) sweeps properly and should replace it wherever it is available.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from control.errors import ConfigError
+from control.executors.reference.drafters import lookup
+from control.executors.reference.loader import LoadedEngine
+from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
+from control.goodput.cost import fit_linear_cost
+from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, load_profile, parse_profile
+
+# (batch, context, new tokens per request): decode, verify-sized and wider passes.
+GRID = ((1, 32, 1), (1, 256, 1), (1, 128, 5), (4, 64, 1), (4, 256, 3), (8, 128, 1), (8, 32, 5), (16, 128, 1),
+        (16, 64, 3))
+
+
+def profiles_root() -> Path:
+    return Path(__file__).resolve().parents[3] / "profiles"
+
+
+def find_profile(loaded: LoadedEngine, root: Path | None = None) -> Profile | None:
+    """A stored profile for this engine, or None. Prefers one whose pair is the engine's name."""
+    d = (root or profiles_root()) / loaded.manifest.sku
+    if not d.is_dir():
+        return None
+    names = set(loaded.drafters)
+    fallback = None
+    for f in sorted(d.glob("*.yaml")):
+        try:
+            p = load_profile(f)
+        except ConfigError:
+            continue
+        if not names <= set(p.drafter_names):
+            continue
+        if p.pair == loaded.name:
+            return p
+        fallback = fallback or p
+    return fallback
+
+
+@torch.inference_mode()
+def _time_model(model: LlamaForCausalLM, repeats: int) -> tuple[list, list, list]:
+    device = model.lm_head.weight.device
+    max_b = max(b for b, _, _ in GRID)
+    max_len = max(c + t for _, c, t in GRID)
+    cache = KVCache(model.config, max_b, max_len, device, model.lm_head.weight.dtype)
+    gen = torch.Generator().manual_seed(0)
+    n_ctx, n_tok, t_ms = [], [], []
+    for b, c, t in GRID:
+        ids = torch.randint(0, model.config.vocab_size, (b * t,), generator=gen).to(device)
+        segs = [Segment(i, c, t) for i in range(b)]
+        model(ids, segs, cache)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model(ids, segs, cache)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        n_ctx.append(b * (c + t))
+        n_tok.append(b * t)
+        t_ms.append(best * 1e3)
+    return n_ctx, n_tok, t_ms
+
+
+def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -> Profile:
+    """Measure and fit a small profile for ``loaded`` (target, each draft model, n-gram lookup)."""
+    models, grid = {}, {}
+    for name, model in [("target", loaded.target)] + [(n, m) for n, m in loaded.drafters.items()
+                                                       if isinstance(m, LlamaForCausalLM)]:
+        n_ctx, n_tok, t_ms = _time_model(model, repeats)
+        fit = fit_linear_cost(n_ctx, n_tok, t_ms)
+        models[name] = CostCoeffs.from_cost(fit).model_dump()
+        grid[name] = {"n_ctx": n_ctx, "n_batched": n_tok, "t_ms": [round(x, 4) for x in t_ms]}
+    ctx = np.random.default_rng(0).integers(0, loaded.target.config.vocab_size, 512)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        lookup(ctx, 8)
+    ngram_ms = (time.perf_counter() - t0) / 20 * 1e3
+    drafters, acceptance = [], {}
+    for spec in loaded.manifest.drafters:
+        if spec.name not in loaded.drafters:
+            continue
+        if spec.kind == "ngram":
+            drafters.append({"name": spec.name, "kind": "ngram", "cost_ms": round(ngram_ms, 4), "confidences": False})
+        elif spec.kind == "self_spec":
+            drafters.append({"name": spec.name, "kind": "self_spec", "model": "target", "sink": spec.sink,
+                             "window": spec.window})
+        else:
+            drafters.append({"name": spec.name, "kind": "draft_model", "model": spec.name})
+        if spec.acceptance is not None:
+            acceptance[spec.name] = min(spec.acceptance, 0.99)
+    doc = {
+        "schema": PROFILE_SCHEMA,
+        "sku": loaded.manifest.sku,
+        "pair": loaded.name,
+        "source": "measured",
+        "environment": {
+            "method": "quick in-process calibration (reference executor)",
+            "device": str(loaded.target.lm_head.weight.device), "machine": platform.machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+        "models": models,
+        "drafters": drafters,
+        "acceptance": acceptance,
+        "limits": {"max_batch": max_batch, "max_ctx": loaded.target.config.max_position_embeddings},
+        "grid": {"points": [list(p) for p in GRID], "timings": grid},
+    }
+    return parse_profile(doc, where=f"quick profile of '{loaded.engine_dir}'")
