@@ -19,6 +19,8 @@ from control.errors import SpecctlError
 COMMANDS = {
     "explain": "control.commands.explain",
     "plan": "control.commands.plan",
+    "roofline": "control.commands.roofline",
+    "sim": "control.commands.sim",
 }
 
 
