@@ -368,6 +368,8 @@ class SimEngine:
                 if fin.size:
                     s_gen[fin] = 1
                     s_ctx[fin] += 1
+                    if not prefill_draft and m:
+                        s_lag[fin, :m] += self._stateful_i[None, :]
                     kv_used += fin.size
                     decoding[fin] = True
                     first[s_rid[fin]] = now
@@ -420,7 +422,8 @@ class SimEngine:
         s_gen[chosen] = 1
         s_ctx[chosen] = s_pref[chosen] + 1
         if not prefill_draft and len(self.drafters):
-            s_lag[chosen, : len(self.drafters)] = (s_pref[chosen][:, None] * self._stateful[None, :])
+            # a draft that never saw the prompt lags by the whole context (StepView.draft_lag)
+            s_lag[chosen, : len(self.drafters)] = (s_ctx[chosen][:, None] * self._stateful_i[None, :])
         decoding[chosen] = True
         first[self._slot_rid_of(chosen)] = now
 
