@@ -3,9 +3,10 @@
 - ``uniform_curve`` / ``best_uniform_k``: step-level (SmartSpec Alg. 2, TurboSpec Listing 2), one k
   for the whole batch, scanned k = 0..K with KV-slot, token-budget and SLO feasibility, stopping at
   the first drop (goodput is unimodal in k, SpecServe section 4.3).
-- ``admit_slots``: request-level. Draft slots (r, j) are admitted in decreasing survival p[r, j];
-  the step's cost depends on the total slots S and the draft depth reached, so the best S maximises
-  (n + top-S survival sum) / T(S). O(nK log nK), vectorised. The same routine with the drafting cost
+- ``admit_slots``: request-level. Draft slots (r, j) are admitted in decreasing survival p[r, j]
+  among those no deeper than a depth cap D; the step's cost depends on the slots admitted and the
+  draft depth reached, so for every D the best prefix maximises (n + top-S survival sum) / T(S), and
+  the best D wins. O(nK log nK + K * nK), vectorised. The same routine with the drafting cost
   already paid is SpecServe's confidence prior verifier (drop the least likely tokens while
   efficiency rises).
 - ``slo_ok``: a choice whose predicted step time exceeds the TPOT SLO is infeasible (a request that
@@ -144,6 +145,12 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
                 draft_sunk: bool = False) -> Choice:
     """Request-level optimum: admit draft slots in decreasing survival while goodput rises.
 
+    Every draft depth costs one pass of the draft model (``depth_ms``), shared by all requests that
+    reach it, so the slots are admitted in decreasing survival among those no deeper than a depth
+    cap D, for every D = 1..K, and the best prefix over all D wins. (Admitting in plain survival
+    order would reach deep slots of the easiest requests before the first slot of the others and
+    pay for every depth early, missing choices such as k = 1 for everyone.)
+
     Args:
         surv: (n, K) survival probabilities p[r, j], non-increasing in j.
         cap: (n,) per-request maximum k (0 = this request may not draft).
@@ -164,19 +171,17 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
     j = np.arange(K)
     valid = j[None, :] < cap[:, None]
     p = np.where(valid, surv, -1.0)
-    order = np.argsort(-p, axis=None, kind="stable")
     n_valid = int(valid.sum())
     s_max = min(n_valid, cons.free_kv_slots, max(cons.token_budget - n, 0))
     if s_max <= 0:
         return Choice(zero, float(n), plain, plain)
-    order = order[:s_max]
+    order = np.argsort(-p, axis=None, kind="stable")[:n_valid]
     rows = order // K
     cols = order % K
     p_sorted = p.ravel()[order]
-    tokens = n + np.cumsum(p_sorted)
 
-    marginal = np.full(s_max, cost.target.b)
-    extra = np.zeros(s_max)
+    marginal = np.full(n_valid, cost.target.b)
+    passes = []  # (slot mask, depth cost, const cost) per drafter with work on this step
     if not draft_sunk:
         drafter = np.asarray(drafter, dtype=np.int64)
         for d_idx, d in enumerate(cost.drafters):
@@ -188,19 +193,32 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
                 c_sel = cols[sel]
                 dctx = d.draft_ctx(ctx[r_sel])
                 m = d.model
-                mc = m.a * (dctx + c_sel) + m.b + np.where(c_sel == 0, m.b * lag_arr[r_sel], 0.0)
-                marginal[sel] += mc
-                depth = np.maximum.accumulate(np.where(sel, cols + 1, 0))
-                extra += d.depth_ms * depth
-            extra += d.const_ms * np.maximum.accumulate(sel.astype(np.float64))
-    times = plain + np.cumsum(marginal) + extra
-    ok = slo_ok(times, cons, cost.step_std_ms())
-    g = np.where(ok, tokens / times, -np.inf)
-    s_best = int(np.argmax(g))
-    if not np.isfinite(g[s_best]) or g[s_best] <= n / plain:
+                marginal[sel] += m.a * (dctx + c_sel) + m.b + np.where(c_sel == 0, m.b * lag_arr[r_sel], 0.0)
+            passes.append((sel, d.depth_ms, d.const_ms))
+    std = cost.step_std_ms()
+    best_g, best_k, best_tok, best_t = n / plain, None, float(n), plain
+    depths = range(1, int(cap.max()) + 1) if passes else (K,)
+    for D in depths:
+        keep = np.flatnonzero(cols < D)[:s_max]
+        if keep.size == 0:
+            continue
+        tokens = n + np.cumsum(p_sorted[keep])
+        times = plain + np.cumsum(marginal[keep])
+        for sel, depth_ms, const_ms in passes:
+            s_keep = sel[keep]
+            if depth_ms:
+                times += depth_ms * np.maximum.accumulate(np.where(s_keep, cols[keep] + 1, 0))
+            if const_ms:
+                times += const_ms * np.maximum.accumulate(s_keep.astype(np.float64))
+        ok = slo_ok(times, cons, std)
+        g = np.where(ok, tokens / times, -np.inf)
+        s_best = int(np.argmax(g))
+        if np.isfinite(g[s_best]) and g[s_best] > best_g:
+            best_g, best_tok, best_t = float(g[s_best]), float(tokens[s_best]), float(times[s_best])
+            best_k = np.bincount(rows[keep[: s_best + 1]], minlength=n).astype(np.int64)
+    if best_k is None:
         return Choice(zero, float(n), plain, plain)
-    k = np.bincount(rows[: s_best + 1], minlength=n).astype(np.int64)
-    return Choice(k, float(tokens[s_best]), float(times[s_best]), plain)
+    return Choice(best_k, best_tok, best_t, plain)
 
 
 def confidence_cuts(cost: StepCostModel, ctx, choice: Choice, drafter=None) -> np.ndarray:
