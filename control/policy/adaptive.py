@@ -130,8 +130,11 @@ class AdaptivePolicy(BasePolicy):
         surv = self.survival(view, d_ctx)
         c = self.ctx.cons
         cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
-        choice = admit_slots(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx, lag=lag)
-        if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0:
+        choice = admit_slots(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx,
+                             lag=self._amortised_lag(lag, surv, cap, view.remaining))
+        if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any():
+            # Speculation did not pay for requests whose drafts are in sync: evidence about the batch
+            # size. (A zero that only reflects catch-up costs says nothing about the batch size.)
             self._zero_run += 1
             if self._zero_run >= max(self.gate.min_dwell, 1):
                 self.gate.retune(min(self.gate.b_off, n))
@@ -142,6 +145,19 @@ class AdaptivePolicy(BasePolicy):
             conf_cut = np.where(self.ctx.confidences[d_ctx], confidence_cuts(self.cost, view.ctx_lens, choice, d_ctx), 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    @staticmethod
+    def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+        """Catch-up tokens charged to this step: the re-prefill is paid once and serves every later
+        step of the request, about remaining / E[tokens per step] of them, so a step carries that
+        share of it (a myopic step-level optimiser would never catch up, and a draft that fell
+        behind while the gate was off would stay behind for good)."""
+        if not lag.any():
+            return lag
+        csum = np.concatenate([np.zeros((surv.shape[0], 1)), np.cumsum(surv, axis=1)], axis=1)
+        per_step = 1.0 + np.take_along_axis(csum, np.clip(cap, 0, surv.shape[1])[:, None], axis=1)[:, 0]
+        steps_left = np.maximum(remaining / per_step, 1.0)
+        return lag / steps_left
 
     def wants_draft_prefill(self, view: StepView) -> bool:
         return super().wants_draft_prefill(view) and self.gate.on
