@@ -34,7 +34,7 @@ from scipy.optimize import nnls
 
 from control.buildsys.catalog import SKUS, GpuSku, ModelShape, get_model, get_sku
 from control.errors import ConfigError
-from control.goodput.cost import LinearCost
+from control.goodput.cost import LinearCost, fit_linear_cost
 from control.profile import PROFILE_SCHEMA, Profile, parse_profile
 
 # The H100's measured ceilings over its datasheet (DESIGN.md section 6): 3.0 / 3.35 TB/s, 800 / 989 TFLOP/s.
@@ -214,10 +214,14 @@ def fit_relative(n_ctx, n_b, t) -> LinearCost:
                       mape=float(np.mean(np.abs(resid) / t) * 100.0), resid_std_ms=float(math.sqrt(ss_res / dof)))
 
 
-def fit_roofline(rf: Roofline, B, S, T) -> tuple[LinearCost, float]:
+def fit_roofline(rf: Roofline, B, S, T, absolute: bool = True) -> tuple[LinearCost, float]:
+    """Fit the linear model to the roofline on a grid. ``absolute`` (default) minimises squared
+    error in ms, as the profiler does for measured points: the long, compute-bound passes of large
+    batches drafting several tokens, where speculation stops paying, are fitted best. The relative
+    fit favours small batches instead."""
     n_ctx, n_b = B * S, B * T
     t = rf.forward_ms(n_ctx, n_b, T)
-    fit = fit_relative(n_ctx, n_b, t)
+    fit = fit_linear_cost(n_ctx, n_b, t) if absolute else fit_relative(n_ctx, n_b, t)
     pred = fit.predict(n_ctx, n_b)
     return fit, float(np.max(np.abs(pred - t) / t) * 100.0)
 
