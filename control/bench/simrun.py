@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from control.bench.acceptance import RequestRates, request_rates
+from control.bench.acceptance import AcceptanceTable, RequestRates, request_rates
 from control.bench.metrics import SLOTargets, run_row
 from control.bench.workloads import Workload
 from control.errors import ConfigError
@@ -24,6 +24,7 @@ from control.plan import AcceptanceState, Plan, compile_plan
 from control.policy.spec import parse_policy_spec
 from control.profile import Profile
 
+RATE_ORACLE = "rate-oracle"  # diagnostic: true per-request acceptance, no foresight of outcomes
 DEFAULT_POLICIES = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7", "smartspec", "turbospec", "specserve",
                     "static-schedule", "hf-heuristic", "adaptive", "oracle")
 
@@ -40,6 +41,7 @@ class SimSetup:
     slo: SLOTargets = field(default_factory=SLOTargets)
     acceptance_overrides: dict[str, float] | None = None
     max_batch: int | None = None
+    table: AcceptanceTable | None = None  # default: control/bench/data/acceptance.yaml
 
     def __post_init__(self) -> None:
         names = self.drafters or self.profile.drafter_names
@@ -59,7 +61,7 @@ class SimSetup:
 
     def rates(self, workload: Workload, seed: int) -> RequestRates:
         return request_rates(workload, [(e.name, e.kind.value, e.confidences) for e in self.entries], seed,
-                             self.informativeness, overrides=self.acceptance_overrides)
+                             self.informativeness, table=self.table, overrides=self.acceptance_overrides)
 
     def plan(self) -> Plan:
         """One plan for every policy (the policy name does not change what the plan holds); acceptance
@@ -83,6 +85,10 @@ def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int):
     from control.policy.base import PolicyContext
     from control.policy.oracle import OraclePolicy
 
+    if spec == RATE_ORACLE:  # diagnostic, not a user-facing policy name
+        from control.policy.oracle import RateOraclePolicy
+
+        return RateOraclePolicy(PolicyContext.from_plan(plan), engine.peek_survival)
     if parse_policy_spec(spec).name == "oracle":
         return OraclePolicy(PolicyContext.from_plan(plan), engine.peek)
     return build_policy(spec, plan, seed=seed)
@@ -160,7 +166,8 @@ def sweep(setup: SimSetup, loads: list[float], policies: list[str], seeds: list[
           progress: Callable[[str], None] | None = None, workers: int = 1) -> SweepResult:
     """Every policy x load x seed. ``capacity`` (req/s) is measured when not given."""
     for p in policies:
-        parse_policy_spec(p)
+        if p != RATE_ORACLE:
+            parse_policy_spec(p)
     t0 = time.perf_counter()
     if capacity is None:
         capacity = measure_capacity(setup)

@@ -162,3 +162,30 @@ class OraclePolicy(BasePolicy):
         cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
         k, d_ctx = hindsight_k(self.ctx.cost, view.ctx_lens, L, cap, cons, lag)
         return Decision(k, self.exec_drafter(d_ctx), prefill_draft=True)
+
+
+class RateOraclePolicy(BasePolicy):
+    """Diagnostic (simulator only, not a user policy): knows each request's true per-position
+    acceptance probabilities but not the step's outcome, and optimises expected goodput with
+    ``admit_slots``. It bounds what any causal policy can reach with a perfect acceptance estimate,
+    and so separates estimation error from the oracle's foresight.
+
+    ``peek_survival(view)`` returns (n, m_exec, K) survival probabilities."""
+
+    name = "rate-oracle"
+
+    def __init__(self, ctx: PolicyContext, peek_survival: Callable[[StepView], np.ndarray]) -> None:
+        super().__init__(ctx)
+        self.peek_survival = peek_survival
+
+    def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
+        from control.goodput.optimizer import admit_slots
+
+        n = view.n
+        surv = np.asarray(self.peek_survival(view))[:, :, : max(self.ctx.max_k, 1)]
+        d = self.default_exec_drafter()
+        c = self.ctx.cons
+        cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
+        lag = view.draft_lag[:, d]
+        choice = admit_slots(self.ctx.default_cost, view.ctx_lens, surv[:, d, :], np.where(lag > 0, 0, cap), cons)
+        return Decision(choice.k, np.full(n, d, dtype=I64), prefill_draft=True)

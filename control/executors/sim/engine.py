@@ -125,6 +125,13 @@ class SimEngine:
         pos = self._slot_gen[view.slots]
         return self.proc.leading_all(view.request_ids, pos)
 
+    def peek_survival(self, view: StepView) -> np.ndarray:
+        """(n, m, K) true survival probabilities of each request's draft positions (no outcome)."""
+        out = np.empty((view.n, self.proc.m, self.proc.K))
+        for d in range(self.proc.m):
+            out[:, d, :] = np.cumprod(self.proc.conditional(view.request_ids, d), axis=1)
+        return out
+
     # -- helpers -------------------------------------------------------------------------------------
     def _noisy(self, t_ms: float, sigma: float) -> float:
         if not self.cfg.noise or sigma <= 0 or t_ms <= 0:
