@@ -196,29 +196,28 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
                 marginal[sel] += m.a * (dctx + c_sel) + m.b + np.where(c_sel == 0, m.b * lag_arr[r_sel], 0.0)
             passes.append((sel, d.depth_ms, d.const_ms))
     std = cost.step_std_ms()
-    best_g, best_k, best_tok, best_t = n / plain, None, float(n), plain
-    depths = range(1, int(cap.max()) + 1) if passes else (K,)
-    for D in depths:
-        keep = np.flatnonzero(cols < D)[:s_max]
-        if keep.size == 0:
-            continue
-        tokens = n + np.cumsum(p_sorted[keep])
-        times = plain + np.cumsum(marginal[keep])
-        for sel, depth_ms, const_ms in passes:
-            s_keep = sel[keep]
-            if depth_ms:
-                times += depth_ms * np.maximum.accumulate(np.where(s_keep, cols[keep] + 1, 0))
-            if const_ms:
-                times += const_ms * np.maximum.accumulate(s_keep.astype(np.float64))
-        ok = slo_ok(times, cons, std)
-        g = np.where(ok, tokens / times, -np.inf)
-        s_best = int(np.argmax(g))
-        if np.isfinite(g[s_best]) and g[s_best] > best_g:
-            best_g, best_tok, best_t = float(g[s_best]), float(tokens[s_best]), float(times[s_best])
-            best_k = np.bincount(rows[keep[: s_best + 1]], minlength=n).astype(np.int64)
-    if best_k is None:
+    # One row per depth cap D (one row without caps when drafting is already paid for): slot i is
+    # admissible under D when its position is < D; prefixes run over admissible slots only.
+    D = np.arange(1, int(cap.max()) + 1) if passes else np.array([K])
+    M = cols[None, :] < D[:, None]  # (nD, n_valid)
+    M &= np.cumsum(M, axis=1) <= s_max
+    tokens = n + np.cumsum(np.where(M, p_sorted[None, :], 0.0), axis=1)
+    times = plain + np.cumsum(np.where(M, marginal[None, :], 0.0), axis=1)
+    for sel, depth_ms, const_ms in passes:
+        ms = M & sel[None, :]
+        if depth_ms:
+            times += depth_ms * np.maximum.accumulate(np.where(ms, cols[None, :] + 1, 0), axis=1)
+        if const_ms:
+            times += const_ms * np.maximum.accumulate(ms, axis=1)
+    ok = M & slo_ok(times, cons, std)
+    g = np.where(ok, tokens / times, -np.inf)
+    flat = int(np.argmax(g))
+    d_best, i_best = divmod(flat, g.shape[1])
+    if not np.isfinite(g[d_best, i_best]) or g[d_best, i_best] <= n / plain:
         return Choice(zero, float(n), plain, plain)
-    return Choice(best_k, best_tok, best_t, plain)
+    chosen = M[d_best, : i_best + 1]
+    k = np.bincount(rows[: i_best + 1][chosen], minlength=n).astype(np.int64)
+    return Choice(k, float(tokens[d_best, i_best]), float(times[d_best, i_best]), plain)
 
 
 def confidence_cuts(cost: StepCostModel, ctx, choice: Choice, drafter=None) -> np.ndarray:

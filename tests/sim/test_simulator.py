@@ -181,3 +181,36 @@ def test_setup_runs_a_roofline_profile_with_a_prompt_set(tmp_path):
     res = run_policy(setup, w, "adaptive", 0)
     assert np.all(np.isfinite(res.finish_s))
     assert res.verified > 0
+
+
+def test_several_drafters_each_with_their_own_cost_and_acceptance():
+    """Two drafters (a draft model and prompt lookup): each request's outcomes follow the drafter
+    it used, and adaptive's bandit tries both."""
+    prof = make_profile(acceptance={"draft": 0.75, "ngram": 0.3})
+    w = poisson(300, 30.0, "200", "lognormal:120:40", seed=6)
+    setup = SimSetup(prof, w, acceptance_overrides={"draft": 0.75, "ngram": 0.3})
+    rr = setup.rates(w, 0)
+    proc = AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, 8, 0)
+    seen = {0: [0, 0], 1: [0, 0]}
+
+    class Recorder:
+        def __init__(self, inner):
+            self.inner = inner
+            self.name = inner.name
+
+        def decide(self, view):
+            return self.inner.decide(view)
+
+        def observe(self, outcome):
+            for d in (0, 1):
+                sel = (outcome.drafter == d) & (outcome.verified > 0)
+                seen[d][0] += int(outcome.accepted[sel].sum())
+                seen[d][1] += int(np.minimum(outcome.accepted[sel] + 1, outcome.verified[sel]).sum())
+            self.inner.observe(outcome)
+
+    eng = SimEngine(prof.step_cost(["draft", "ngram"]), ("draft", "ngram"), w.arrival_s, w.prompt_tokens,
+                    w.output_tokens, proc, setup.config(0))
+    eng.run(Recorder(build_policy("adaptive", setup.plan(), seed=0)))
+    assert seen[0][1] > 100 and seen[1][1] > 100  # both drafters were used
+    rate = {d: seen[d][0] / seen[d][1] for d in (0, 1)}  # per-trial acceptance (chain MLE)
+    assert rate[0] > rate[1] + 0.2

@@ -185,6 +185,8 @@ class SimEngine:
 
         init = policy.decide(self._empty_view(K, cfg, now, 0, N - nxt))
         prefill_draft = bool(init.prefill_draft)
+        dirty = True  # batch membership changed: recompute the index arrays
+        pending = dec = rid_all = cat_dec = zeros_n[:0]
 
         while done < N:
             # -- admission ---------------------------------------------------------------------------
@@ -201,11 +203,16 @@ class SimEngine:
                 kv_reserved += need
                 seq += 1
                 nxt += 1
+                dirty = True
             waiting = int(np.searchsorted(self.arr, now, side="right")) - nxt
-            pending = np.flatnonzero(active & ~decoding)
-            if pending.size > 1:
-                pending = pending[np.argsort(s_seq[pending], kind="stable")]
-            dec = np.flatnonzero(decoding)
+            if dirty:
+                pending = np.flatnonzero(active & ~decoding)
+                if pending.size > 1:
+                    pending = pending[np.argsort(s_seq[pending], kind="stable")]
+                dec = np.flatnonzero(decoding)
+                rid_all = s_rid[dec]
+                cat_dec = None if cat is None else cat[rid_all]
+                dirty = False
             n = dec.size
 
             if not cfg.chunked_prefill and pending.size:
@@ -223,6 +230,7 @@ class SimEngine:
                 step += 1
                 self._finish_prefill(chosen, clen, prefill_draft, s_pref, s_gen, s_ctx, s_lag, decoding, first, now)
                 kv_used += tok + int(chosen.size)
+                dirty = True
                 done, kv_reserved, kv_used = self._retire(chosen, s_rid, s_gen, s_ctx, active, decoding, free, finish,
                                                           now, done, kv_reserved, kv_used)
                 continue
@@ -231,12 +239,13 @@ class SimEngine:
                 continue  # nothing admitted yet (the clock jumps to the next arrival)
 
             # -- decode step (with prefill chunks when chunked) --------------------------------------
-            rid = s_rid[dec]
+            rid = rid_all
             ctx = s_ctx[dec]
             gen0 = s_gen[dec]
             rem = O[rid] - gen0
             if n and ff_plain and not pending.size:
                 # ``none`` never drafts and learns nothing: jump to the next event in one go.
+                dirty = True
                 now, done, kv_reserved, kv_used, step = self._fast_forward(
                     dec, rid, ctx, rem, now, nxt, s_gen, s_ctx, s_lag, s_rid, active, decoding, free, finish, done,
                     kv_reserved, kv_used, step, res, k_hist, (ser_t, ser_n, ser_k, ser_acc, ser_ver))
@@ -247,7 +256,7 @@ class SimEngine:
                 drafter=s_last[dec], draft_lag=s_lag[dec] if m else np.zeros((n, 1), dtype=I64),
                 free_kv_slots=int(cfg.kv_tokens - kv_used), token_budget=cfg.token_budget, max_k=K,
                 drafters=drafters, now=now, step=step,
-                category=None if cat is None else cat[rid],
+                category=cat_dec,
                 prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=waiting,
             )
             decision: Decision = policy.decide(view)
@@ -373,6 +382,7 @@ class SimEngine:
                     s_lag[chunk_slots, :m] += chunk_len[:, None] * self._stateful[None, :]
                 fin = chunk_slots[full]
                 if fin.size:
+                    dirty = True
                     s_gen[fin] = 1
                     s_ctx[fin] += 1
                     if not prefill_draft and m:
@@ -383,7 +393,7 @@ class SimEngine:
             if n:
                 outcome = StepOutcome(
                     slots=dec, request_ids=rid, drafter=dr, ctx_lens=ctx, drafted=drafted, verified=verified,
-                    accepted=accepted, confidence=conf_full, category=None if cat is None else cat[rid],
+                    accepted=accepted, confidence=conf_full, category=cat_dec,
                     draft_ms=t_draft, verify_ms=t_verify, total_ms=t_total, draft_passes=draft_passes,
                     draft_ctx_tokens=draft_ctx_tok, draft_batched_tokens=draft_b_tok, finished=finished,
                     now=now, step=step,
@@ -398,6 +408,8 @@ class SimEngine:
             retire = dec if finished.size else zeros_n[:0]
             if ch_tok:
                 retire = np.concatenate([retire, chunk_slots])
+            if retire.size:
+                dirty = True
             done, kv_reserved, kv_used = self._retire(retire, s_rid, s_gen, s_ctx, active, decoding, free, finish,
                                                       now, done, kv_reserved, kv_used)
         res.k_hist = k_hist
