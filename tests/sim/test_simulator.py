@@ -160,11 +160,16 @@ def test_confidence_cut_stops_drafting_and_prune_limits_verification():
             assert np.all(outcome.accepted <= outcome.verified)
 
     _engine(prof, w, max_k=8, info=0.8).run(Cutter(PolicyContext.from_plan(plan)))
+    stopped = 0
     for drafted, conf in seen:
         for i, nd in enumerate(drafted):
+            if nd == 0:
+                continue
             run = np.cumprod(conf[i, :nd])
-            assert np.all(run >= 0.5)  # kept tokens are above the cut
+            assert np.all(run[:-1] >= 0.5)  # drafting went on only while the product stayed above the cut
+            stopped += bool(nd < 8 and run[-1] < 0.5)  # ... and stopped right after the token below it
             assert np.all(np.isnan(conf[i, nd:]))
+    assert stopped > 0
 
 
 def test_setup_runs_a_roofline_profile_with_a_prompt_set(tmp_path):

@@ -12,7 +12,8 @@ Scheduling (continuous batching, as TensorRT-LLM's GUARANTEED_NO_EVICT and vLLM)
   included) first, then prompt chunks filling what is left of the token budget.
 
 A decode step calls the policy exactly as the reference executor does: ``decide(view)``; drafting
-(each request stops at k tokens or where its running confidence product falls below ``conf_cut``);
+(each request stops at k tokens, or after the token whose running confidence product falls below
+``conf_cut``: that token is drafted and kept, for ``prune`` to drop);
 ``prune`` where the policy has it; verification; ``observe(outcome)``. A drafter whose state lags
 the target (draft prefill skipped, or steps taken without it) re-prefills the lag in its first draft
 pass (the catch-up); a request that decodes without a drafter makes that drafter fall behind by the
@@ -294,8 +295,10 @@ class SimEngine:
                         if conf_d is not None and cut is not None:
                             run = np.cumprod(conf_d, axis=1)
                             ok = np.cumprod(run >= np.asarray(cut, dtype=np.float64)[sel][:, None], axis=1).sum(axis=1)
-                            dsel = np.minimum(ks, ok)
-                            psel = np.minimum(ks, ok + 1)
+                            # drafting stops after the token whose running confidence fell below the
+                            # cut; that token is drafted already (its pass is paid) and stays, for
+                            # ``prune`` to drop if verifying it does not pay
+                            dsel = psel = np.minimum(ks, ok + 1)
                         else:
                             dsel, psel = ks, ks
                         drafted[sel] = dsel
