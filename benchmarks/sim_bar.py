@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--length-scale", type=float, default=1.0,
+                    help="multiply prompt and output lengths (recorded in the report; e.g. 0.25 for Mooncake)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -47,8 +49,10 @@ def main() -> None:
     for pair in args.pairs.split(","):
         prof = load_profile(PAIRS[pair])
         for wl in args.workloads.split(","):
-            tag = f"{pair}-{wl}"
+            tag = f"{pair}-{wl}" + (f"-x{args.length_scale:g}" if args.length_scale != 1.0 else "")
             base = load_workload(wl, requests=None if wl in ("azure-conv", "mooncake") else args.requests)
+            if args.length_scale != 1.0:
+                base = base.scale_lengths(args.length_scale)
             setup = SimSetup(prof, base)
             t0 = time.perf_counter()
             cap = measure_capacity(setup)

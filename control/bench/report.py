@@ -177,6 +177,25 @@ def bar_check(rows: list[dict], ours: str = "adaptive", tolerance: float = 0.02,
     return out, "\n".join(lines) + "\n"
 
 
+def k_by_batch_table(rows: list[dict], load: float) -> str:
+    """Mean k per request-step by batch-size bucket for every policy at ``load`` (means over seeds);
+    shows where each policy shrinks k or switches speculation off as the batch grows."""
+    sel = [r for r in rows if abs(float(r["load"]) - load) < 1e-9 and r.get("extra", {}).get("k_by_batch")]
+    if not sel:
+        return ""
+    buckets = list(dict.fromkeys(b for r in sel for b in r["extra"]["k_by_batch"]))
+    buckets.sort(key=lambda b: int(b.split("-")[0].lstrip(">")))
+    lines = ["| policy | " + " | ".join(f"batch {b}" for b in buckets) + " |",
+             "|---|" + "---|" * len(buckets)]
+    for pol in dict.fromkeys(r["policy"] for r in sel):
+        vals = []
+        for b in buckets:
+            xs = [r["extra"]["k_by_batch"][b] for r in sel if r["policy"] == pol and b in r["extra"]["k_by_batch"]]
+            vals.append(f"{np.mean(xs):.2f}" if xs else "-")
+        lines.append(f"| {pol} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # -- plots ------------------------------------------------------------------------------------------
 
 def plot_latency_vs_load(rows: list[dict], path: str | Path, title: str = "") -> Path:
@@ -266,6 +285,10 @@ def write_markdown(path: str | Path, rows: list[dict], *, title: str, meta: dict
         _, bar = bar_check(rows, ours)
         parts += [f"## {ours} against the bar", "", bar]
     parts += ["## All policies (means over seeds)", "", markdown_table(rows)]
+    top = max(float(r["load"]) for r in rows)
+    kb = k_by_batch_table(rows, top)
+    if kb:
+        parts += [f"## Mean k by batch size at load {top:g}", "", kb]
     for caption, rel in plots or []:
         parts += [f"![{caption}]({rel})", ""]
     path = Path(path)

@@ -110,11 +110,25 @@ def run_policy(setup: SimSetup, workload: Workload, spec: str, seed: int) -> Sim
     return res
 
 
+def k_by_batch(res: SimResult) -> dict[str, float]:
+    """Mean k per request-step in each batch-size bucket ("<=B": mean k), buckets with steps only."""
+    from control.executors.sim.engine import BATCH_BUCKETS
+
+    out = {}
+    for i, edge in enumerate(BATCH_BUCKETS):
+        if res.batch_requests[i]:
+            lo = BATCH_BUCKETS[i - 1] + 1 if i else 1
+            out[f"{lo}-{edge}" if edge < (1 << 30) else f">{BATCH_BUCKETS[i - 1]}"] = round(
+                float(res.batch_k[i] / res.batch_requests[i]), 3)
+    return out
+
+
 def result_row(setup: SimSetup, res: SimResult, load: float, seed: int, extra: dict | None = None) -> dict:
     return run_row(res.policy, load, seed, res.arrival_s, res.first_token_s, res.finish_s, res.output_tokens,
                    busy_s=res.busy_s, verified=res.verified, accepted=res.accepted, decode_steps=res.decode_steps,
                    spec_steps=res.spec_steps, slo=setup.slo, k_hist=res.k_hist[: setup.max_k + 1],
                    extra={"steps": res.steps, "mean_batch": round(res.request_steps / max(res.decode_steps, 1), 3),
+                          "k_by_batch": k_by_batch(res),
                           **(extra or {})})
 
 

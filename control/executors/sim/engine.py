@@ -40,6 +40,7 @@ from control.policy.simple import NonePolicy
 from control.policy.types import Decision, StepOutcome, StepView
 
 I64 = np.int64
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1 << 30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,10 @@ class SimResult:
     decode_tokens: int = 0
     request_steps: int = 0
     k_hist: np.ndarray = field(default_factory=lambda: np.zeros(17, dtype=I64))
+    # decode steps by batch-size bucket (upper edges BATCH_BUCKETS): steps, request-steps, sum of k
+    batch_steps: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
+    batch_requests: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
+    batch_k: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
     series: dict[str, np.ndarray] = field(default_factory=dict)
     policy: str = ""
 
@@ -178,6 +183,8 @@ class SimEngine:
         res = SimResult(self.arr, first, finish, self.P, self.O, policy=getattr(policy, "name", type(policy).__name__))
         k_hist = np.zeros(Kc + 1, dtype=I64)
         ser_t, ser_n, ser_k, ser_acc, ser_ver = [], [], [], [], []
+        bucket_of = np.searchsorted(BATCH_BUCKETS, np.arange(S + 1), side="left")
+        b_steps, b_req, b_k = res.batch_steps, res.batch_requests, res.batch_k
         drafters = self.drafters
         kcap_full = np.full(S, K, dtype=I64)
         cat = self.cat
@@ -370,6 +377,10 @@ class SimEngine:
                     spec = k > 0
                     s_lag[dec[spec], dr[spec]] = 0
                     s_last[dec[spec]] = dr[spec]
+                bb = bucket_of[n]
+                b_steps[bb] += 1
+                b_req[bb] += n
+                b_k[bb] += ksum
                 res.drafted += int(drafted.sum())
                 res.verified += vsum
                 res.accepted += int(accepted.sum())
@@ -498,6 +509,9 @@ class SimEngine:
         res.decode_tokens += j * n
         res.request_steps += j * n
         k_hist[0] += j * n
+        bb = int(np.searchsorted(BATCH_BUCKETS, n, side="left"))
+        res.batch_steps[bb] += j
+        res.batch_requests[bb] += j * n
         if self.cfg.record_series:
             ser[0].append(now)
             ser[1].append(n)
