@@ -195,7 +195,9 @@ class AdaptivePolicy(BasePolicy):
 
     def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
         if outcome.verify_ms > 0:
-            self.rls_target.update(float(outcome.ctx_lens.sum()), float((outcome.verified + 1).sum()), outcome.verify_ms)
+            # the pass also computed any prompt chunks mixed into it (chunked prefill)
+            self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
+                                   float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms)
         used = np.unique(d_ctx[spec]) if spec.any() else np.zeros(0, dtype=I64)
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]

@@ -47,3 +47,25 @@ def test_adaptive_catches_up_a_lagging_draft_when_the_request_has_long_to_run():
 
     assert decide(400).k.sum() > 0  # the re-prefill pays for itself over 400 more tokens
     assert decide(4).k.sum() == 0  # ... but not over 4
+
+
+def test_adaptive_refit_counts_prompt_chunks_mixed_into_the_verify_pass():
+    """With chunked prefill the verify pass also computes prompt tokens; the online refit must see
+    them as features, or it blames decode tokens for their time and stops speculating."""
+    from control.policy.types import StepOutcome
+
+    prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
+    truth = prof.step_cost(["draft"]).target
+    pol = build_policy("adaptive", compile_plan(prof, max_k=8))
+    rng = np.random.default_rng(3)
+    for step in range(200):
+        n = int(rng.integers(4, 64))
+        ctx = rng.integers(100, 3000, size=n)
+        k = rng.integers(0, 5, size=n)
+        chunk = int(rng.integers(0, 4000)) if step % 2 else 0
+        prior = int(rng.integers(0, 8000)) if chunk else 0
+        t = truth.predict(float(ctx.sum()) + prior, float((k + 1).sum()) + chunk)
+        pol.observe(StepOutcome(slots=np.arange(n), request_ids=np.arange(n) + 1000 * step, drafter=np.zeros(n, dtype=np.int64),
+                                ctx_lens=ctx, drafted=k, verified=k, accepted=np.minimum(k, 1), verify_ms=t,
+                                total_ms=t, step=step, prefill_tokens=chunk, prefill_ctx_tokens=prior))
+    assert abs(pol.cost.target.b - truth.b) / truth.b < 0.05

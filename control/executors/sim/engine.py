@@ -410,7 +410,7 @@ class SimEngine:
                     accepted=accepted, confidence=conf_full, category=cat_dec,
                     draft_ms=t_draft, verify_ms=t_verify, total_ms=t_total, draft_passes=draft_passes,
                     draft_ctx_tokens=draft_ctx_tok, draft_batched_tokens=draft_b_tok, finished=finished,
-                    now=now, step=step,
+                    now=now, step=step, prefill_tokens=ch_tok, prefill_ctx_tokens=chunk_prior,
                 )
                 policy.observe(outcome)
                 if cfg.record_series:
