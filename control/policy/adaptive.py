@@ -142,9 +142,33 @@ class AdaptivePolicy(BasePolicy):
             self._zero_run = 0
         conf_cut = None
         if self.ctx.confidences[d_ctx].any():
-            conf_cut = np.where(self.ctx.confidences[d_ctx], confidence_cuts(self.cost, view.ctx_lens, choice, d_ctx), 0.0)
+            cuts = confidence_cuts(self.cost, view.ctx_lens, choice, d_ctx) * self._own_goodput_ratio(view, choice, surv)
+            conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def _own_goodput_ratio(self, view: StepView, choice, surv: np.ndarray) -> np.ndarray:
+        """Each request's own expected goodput relative to the batch's, for its confidence cut.
+
+        A request pays its own KV read every step it stays in the batch (a * ctx, MagicDec's
+        long-context cost) and shares the pass's fixed cost. Cutting its draft short raises this
+        step's goodput but keeps the request, and its KV read, in the batch for more steps, so one
+        more token is worth drafting when it beats the request's own tokens per ms, not the batch's:
+        long-context requests keep drafting, short ones cut sooner. Returns G_i / G per request.
+        """
+        n = view.n
+        t = self.cost.target
+        ctx = view.ctx_lens.astype(np.float64)
+        shared = (t.c + self.cost.overhead_ms) / n
+        own_ms = t.a * ctx + t.b * (choice.k + 1) + shared
+        csum = np.concatenate([np.zeros((n, 1)), np.cumsum(surv, axis=1)], axis=1)
+        own_tok = 1.0 + np.take_along_axis(csum, np.minimum(choice.k, surv.shape[1])[:, None], axis=1)[:, 0]
+        g_batch = choice.goodput
+        if g_batch <= 0:
+            return np.ones(n)
+        # the request's share of the drafting is roughly its slots' cost: include it as the batch does
+        dshare = (choice.step_ms - choice.plain_ms) * choice.k / max(int(choice.k.sum()), 1)
+        return (own_tok / (own_ms + dshare)) / g_batch
 
     @staticmethod
     def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:

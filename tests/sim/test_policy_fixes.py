@@ -69,3 +69,28 @@ def test_adaptive_refit_counts_prompt_chunks_mixed_into_the_verify_pass():
                                 ctx_lens=ctx, drafted=k, verified=k, accepted=np.minimum(k, 1), verify_ms=t,
                                 total_ms=t, step=step, prefill_tokens=chunk, prefill_ctx_tokens=prior))
     assert abs(pol.cost.target.b - truth.b) / truth.b < 0.05
+
+
+def test_adaptive_cuts_long_context_drafts_later_than_short_ones():
+    """A long-context request pays its KV read every step it stays: its own goodput is below the
+    batch's, so its confidence cut is lower than the batch-level cut; a short one's is higher."""
+    from control.goodput.optimizer import confidence_cuts
+
+    prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
+    plan = compile_plan(prof, max_k=8, drafters=["draft"])
+    pol = build_policy("adaptive", plan)
+    n = 16
+    ctx = np.where(np.arange(n) < 4, 60000, 300)
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=ctx, remaining=np.full(n, 300),
+                          drafters=("draft",), max_k=8, free_kv_slots=10**7, token_budget=8192, step=1)
+    d = pol.decide(view)
+    assert d.conf_cut is not None and d.k.sum() > 0
+    from control.goodput.optimizer import Choice
+
+    cost = prof.step_cost(["draft"])
+    choice = Choice(d.k, d.predicted_tokens, d.predicted_step_ms, cost.plain_ms(ctx))
+    batch_cut = confidence_cuts(cost, ctx, choice, np.zeros(n, dtype=np.int64))
+    long, short = (np.arange(n) < 4) & (d.k > 0), (np.arange(n) >= 4) & (d.k > 0)
+    assert long.any() and short.any()
+    assert np.all(d.conf_cut[long] < batch_cut[long])
+    assert np.all(d.conf_cut[short] > batch_cut[short])
