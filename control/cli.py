@@ -22,6 +22,8 @@ COMMANDS = {
     "generate": "control.commands.generate",
     "plan": "control.commands.plan",
     "control-plane": "control.commands.control_plane",
+    "roofline": "control.commands.roofline",
+    "sim": "control.commands.sim",
 }
 
 

@@ -26,7 +26,7 @@ from control.goodput.estimators import (
     chain_trials,
     request_position_survival,
 )
-from control.goodput.optimizer import Constraints, admit_parametric
+from control.goodput.optimizer import Choice, Constraints, admit_parametric, slo_ok
 from control.goodput.stepcost import DrafterCost, StepCostModel
 from control.plan import threshold_batch
 from control.policy.bandit import DrafterBandit
@@ -35,6 +35,7 @@ from control.policy.gate import Gate
 from control.policy.types import Decision, StepOutcome, StepView
 
 REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
+PROBE_TRIALS = 32  # first-position trials below which a drafter counts as unmeasured (probed while exploring)
 
 
 class AdaptivePolicy(BasePolicy):
@@ -122,7 +123,7 @@ class AdaptivePolicy(BasePolicy):
         if self.bandit is not None:
             lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
             switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
-            d_ctx = self.bandit.assign(view.slots, switch_cost)
+            d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=self._to_exec >= 0)
         else:
             d_ctx = np.full(n, self.ctx.default, dtype=I64)
         d_exec = self.exec_drafter(d_ctx)
@@ -131,21 +132,82 @@ class AdaptivePolicy(BasePolicy):
         surv = self.survival(view, d_ctx)
         c = self.ctx.cons
         cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
-        choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx, lag=lag, g0=self._g)
+        choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx,
+                                  lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
         self._g = choice.goodput
-        if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0:
+        if self.bandit is not None and self.bandit.exploring:
+            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx)
+        if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any():
+            # Speculation did not pay for requests whose drafts are in sync: evidence about the batch
+            # size. (A zero that only reflects catch-up costs says nothing about the batch size.)
             self._zero_run += 1
             if self._zero_run >= max(self.gate.min_dwell, 1):
                 self.gate.retune(min(self.gate.b_off, n))
         else:
             self._zero_run = 0
         conf_cut = None
-        if choice.next_cost is not None and self.ctx.confidences.any():
-            conf_cut = np.minimum(choice.goodput * choice.next_cost, 1.0)
-            if not self.ctx.confidences.all():
-                conf_cut = np.where(self.ctx.confidences[d_ctx], conf_cut, 0.0)
+        if choice.next_cost is not None and self.ctx.confidences[d_ctx].any():
+            # one more token of confidence p pays iff p > the request's own goodput * its marginal cost
+            cuts = choice.goodput * choice.next_cost * self._own_goodput_ratio(view, choice, surv)
+            conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray):
+        """While the bandit explores, a request put on a drafter with almost no measured acceptance
+        drafts one token even where the prior says it does not pay: otherwise a pessimistic prior is
+        never tested, the drafter's requests never speculate and the bandit never sees a reward."""
+        unmeasured = np.array([p.trials[0] < PROBE_TRIALS for p in self.pos])
+        probe = (choice.k == 0) & (cap > 0) & (lag == 0) & unmeasured[d_ctx]
+        room = min(int(view.free_kv_slots), int(view.token_budget) - view.n) - int(choice.k.sum())
+        if room <= 0 or not probe.any():
+            return choice
+        probe &= np.cumsum(probe) <= room
+        k = np.where(probe, 1, choice.k)
+        surv = self.survival(view, d_ctx)
+        tokens = float(view.n + np.where(np.arange(surv.shape[1])[None, :] < k[:, None], surv, 0.0).sum())
+        step = self.cost.step_ms(view.ctx_lens, k, d_ctx, lag)
+        c = self.ctx.cons
+        if c.slo_tpot_ms is not None and not slo_ok(step, Constraints(slo_tpot_ms=c.slo_tpot_ms, slo_quantile=c.slo_quantile),
+                                                    self.cost.step_std_ms()):
+            return choice
+        return Choice(k, tokens, step, choice.plain_ms)
+
+    def _own_goodput_ratio(self, view: StepView, choice, surv: np.ndarray) -> np.ndarray:
+        """Each request's own expected goodput relative to the batch's, for its confidence cut.
+
+        A request pays its own KV read every step it stays in the batch (a * ctx, MagicDec's
+        long-context cost) and shares the pass's fixed cost. Cutting its draft short raises this
+        step's goodput but keeps the request, and its KV read, in the batch for more steps, so one
+        more token is worth drafting when it beats the request's own tokens per ms, not the batch's:
+        long-context requests keep drafting, short ones cut sooner. Returns G_i / G per request.
+        """
+        n = view.n
+        t = self.cost.target
+        ctx = view.ctx_lens.astype(np.float64)
+        shared = (t.c + self.cost.overhead_ms) / n
+        own_ms = t.a * ctx + t.b * (choice.k + 1) + shared
+        csum = np.concatenate([np.zeros((n, 1)), np.cumsum(surv, axis=1)], axis=1)
+        own_tok = 1.0 + np.take_along_axis(csum, np.minimum(choice.k, surv.shape[1])[:, None], axis=1)[:, 0]
+        g_batch = choice.goodput
+        if g_batch <= 0:
+            return np.ones(n)
+        # the request's share of the drafting is roughly its slots' cost: include it as the batch does
+        dshare = (choice.step_ms - choice.plain_ms) * choice.k / max(int(choice.k.sum()), 1)
+        return (own_tok / (own_ms + dshare)) / g_batch
+
+    @staticmethod
+    def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+        """Catch-up tokens charged to this step: the re-prefill is paid once and serves every later
+        step of the request, about remaining / E[tokens per step] of them, so a step carries that
+        share of it (a myopic step-level optimiser would never catch up, and a draft that fell
+        behind while the gate was off would stay behind for good)."""
+        if not lag.any():
+            return lag
+        csum = np.concatenate([np.zeros((surv.shape[0], 1)), np.cumsum(surv, axis=1)], axis=1)
+        per_step = 1.0 + np.take_along_axis(csum, np.clip(cap, 0, surv.shape[1])[:, None], axis=1)[:, 0]
+        steps_left = np.maximum(remaining / per_step, 1.0)
+        return lag / steps_left
 
     def wants_draft_prefill(self, view: StepView) -> bool:
         return super().wants_draft_prefill(view) and self.gate.on
@@ -183,7 +245,9 @@ class AdaptivePolicy(BasePolicy):
 
     def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
         if outcome.verify_ms > 0:
-            self.rls_target.update(float(outcome.ctx_lens.sum()), float((outcome.verified + 1).sum()), outcome.verify_ms)
+            # the pass also computed any prompt chunks mixed into it (chunked prefill)
+            self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
+                                   float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms)
         used = np.unique(d_ctx[spec]) if spec.any() else np.zeros(0, dtype=I64)
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]

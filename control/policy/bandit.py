@@ -43,6 +43,7 @@ class DrafterBandit:
         self.pool_sum = np.zeros(n_drafters)
         self.pool_cnt = np.zeros(n_drafters)
         self.switches = 0
+        self._allowed: np.ndarray | None = None  # drafters the executor runs now (None: all)
 
     # -- state -----------------------------------------------------------------------------------
     def _ensure(self, max_slot: int) -> None:
@@ -72,11 +73,15 @@ class DrafterBandit:
 
     # -- assignment ------------------------------------------------------------------------------
     def _capacity(self, n: int) -> np.ndarray:
-        return np.full(self.m, n, dtype=I64) if self.cap is None else np.minimum(self.cap, n)
+        cap = np.full(self.m, n, dtype=I64) if self.cap is None else np.minimum(self.cap, n)
+        return cap if self._allowed is None else np.where(self._allowed, cap, 0)
 
     def _random(self, n: int) -> np.ndarray:
         cap = self._capacity(n)
-        choice = self.rng.integers(0, self.m, size=n)
+        if self._allowed is None:
+            choice = self.rng.integers(0, self.m, size=n)
+        else:
+            choice = self.rng.choice(np.flatnonzero(self._allowed), size=n).astype(I64)
         # Respect capacity: move the overflow of a full drafter to drafters with room.
         for j in range(self.m):
             idx = np.flatnonzero(choice == j)
@@ -103,6 +108,8 @@ class DrafterBandit:
         cap = self._capacity(n)
         cols = np.repeat(np.arange(self.m), cap)
         if cols.size < n:  # not enough capacity for everyone: extra requests use the best drafter anyway
+            if self._allowed is not None:
+                w = np.where(self._allowed[None, :], w, -np.inf)
             return np.argmax(w, axis=1)
         rows, col_idx = linear_sum_assignment(w[:, cols], maximize=True)
         out = np.empty(n, dtype=I64)
@@ -112,12 +119,15 @@ class DrafterBandit:
     def _stage_len(self) -> int:
         return self.alpha if self.exploring else min(2**self.epoch, self.max_exploit)
 
-    def assign(self, slots: np.ndarray, switch_cost: np.ndarray | None = None) -> np.ndarray:
-        """Drafter per request for this slot (step). ``switch_cost``: (n, m) cost of moving to each."""
+    def assign(self, slots: np.ndarray, switch_cost: np.ndarray | None = None,
+               allowed: np.ndarray | None = None) -> np.ndarray:
+        """Drafter per request for this slot (step). ``switch_cost``: (n, m) cost of moving to each;
+        ``allowed``: (m,) bool, the drafters the executor runs now (default: all)."""
         slots = np.asarray(slots, dtype=I64)
         if slots.size == 0:
             return np.zeros(0, dtype=I64)
         self._ensure(int(slots.max()))
+        self._allowed = None if allowed is None or allowed.all() or not allowed.any() else np.asarray(allowed, dtype=bool)
         if self.m == 1:
             self.assigned[slots] = 0
             return np.zeros(slots.size, dtype=I64)
@@ -128,11 +138,16 @@ class DrafterBandit:
         else:
             new = cur.copy()
             missing = cur < 0
+            if self._allowed is not None:
+                missing |= ~self._allowed[np.maximum(cur, 0)]
             if missing.any():  # requests that arrived mid-chunk or mid-stage
                 if self.exploring:
-                    new[missing] = self.rng.integers(0, self.m, size=int(missing.sum()))
+                    new[missing] = self._random(int(missing.sum()))
                 else:
-                    new[missing] = np.argmax(self.estimates(slots[missing]), axis=1)
+                    w = self.estimates(slots[missing])
+                    if self._allowed is not None:
+                        w = np.where(self._allowed[None, :], w, -np.inf)
+                    new[missing] = np.argmax(w, axis=1)
         self.switches += int(((cur >= 0) & (cur != new)).sum())
         self.assigned[slots] = new
         self.t_stage += 1

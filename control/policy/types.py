@@ -162,7 +162,9 @@ class StepOutcome:
     Step totals: measured ``draft_ms``, ``verify_ms``, ``total_ms``, and the cost model's features
     for an online refit: ``draft_passes`` forward passes of the draft side with ``draft_ctx_tokens``
     context tokens and ``draft_batched_tokens`` computed tokens summed over passes.
-    ``finished`` lists request ids that left the batch after this step.
+    ``finished`` lists request ids that left the batch after this step. With chunked prefill the
+    verify pass also computed ``prefill_tokens`` prompt tokens over ``prefill_ctx_tokens`` cached
+    ones; they are part of ``verify_ms`` (and of the target's cost-model features for a refit).
     """
 
     slots: np.ndarray
@@ -183,6 +185,8 @@ class StepOutcome:
     finished: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=I64))
     now: float = 0.0
     step: int = 0
+    prefill_tokens: int = 0
+    prefill_ctx_tokens: int = 0
 
     @property
     def n(self) -> int:

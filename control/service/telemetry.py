@@ -16,7 +16,7 @@ naming the first bad field, or with 413 when the body is larger than its limit.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -37,7 +37,7 @@ SAMPLE_FIELDS = (
     "draft_passes", "draft_ctx_tokens", "draft_batched_tokens", "drafter", "drafted", "accepted",
 )
 
-Count = int
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]  # also bounds the elements of list[Count]
 _cfg = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 

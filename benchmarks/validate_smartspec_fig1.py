@@ -1,0 +1,73 @@
+"""SmartSpec Fig. 1 on the simulator: A100, LLaMA-7B + LLaMA-160M, acceptance 0.7, in = out = 128.
+
+SmartSpec reports that fixed k = 5 stops paying at about 12 req/s and k = 3 starts to hurt at
+about 16 req/s (speedup = mean latency without speculation / with). This script sweeps the request
+rate on a roofline profile of that pair (framework: vLLM, which SmartSpec ran on) and prints where
+each k's speedup crosses 1.
+
+    python benchmarks/validate_smartspec_fig1.py [--framework vllm] [--requests 1500] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from control.bench.acceptance import AcceptanceTable
+from control.bench.simrun import SimSetup, run_policy, workload_at
+from control.bench.workloads import poisson
+from control.buildsys.roofline import roofline_profile
+
+TABLE = AcceptanceTable({
+    "schema": "specctl.acceptance/v1",
+    "families": {"chat": {"drafters": {"draft_model": {
+        "mean": 0.7, "concentration": 1e6, "decay": 1.0,
+        "source": "SmartSpec Fig. 1: the token acceptance rate is fixed at 0.7"}}}},
+})
+
+
+def crossover(rates, speedup):
+    """First rate where the speedup falls to 1 or below (linear interpolation), None if it never does."""
+    for i in range(1, len(rates)):
+        if speedup[i - 1] > 1 >= speedup[i]:
+            r0, r1, s0, s1 = rates[i - 1], rates[i], speedup[i - 1], speedup[i]
+            return r0 + (s0 - 1) * (r1 - r0) / (s0 - s1)
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--framework", default="vllm")
+    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--rates", default="2,4,6,8,10,12,14,16,18,20,22,24,26,28")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=args.framework)
+    base = poisson(args.requests, 1.0, "128", "128", seed=0)
+    setup = SimSetup(prof, base, max_k=8, table=TABLE, max_batch=256)
+    rates = [float(x) for x in args.rates.split(",")]
+    lat = {p: [] for p in ("none", "fixed:1", "fixed:3", "fixed:5")}
+    for r in rates:
+        for p in lat:
+            vals = []
+            for seed in range(args.seeds):
+                w = workload_at(setup, r, args.requests, seed)
+                res = run_policy(setup, w, p, seed)
+                vals.append(float(np.mean(res.finish_s - res.arrival_s)))
+            lat[p].append(float(np.mean(vals)))
+        print(f"rate {r:5.1f}: " + "  ".join(f"{p} {lat['none'][-1] / lat[p][-1]:.3f}" for p in lat if p != "none"),
+              flush=True)
+    out = {"rates": rates, "latency_s": lat,
+           "crossover_req_s": {p: crossover(rates, [a / b for a, b in zip(lat["none"], lat[p], strict=True)])
+                               for p in lat if p != "none"}}
+    print(json.dumps(out["crossover_req_s"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
