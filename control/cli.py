@@ -21,6 +21,7 @@ COMMANDS = {
     "explain": "control.commands.explain",
     "plan": "control.commands.plan",
     "control-plane": "control.commands.control_plane",
+    "profile": "control.commands.profile",
 }
 
 
