@@ -18,7 +18,8 @@ def register(sub) -> None:
     p.add_argument("--executor", default="reference", choices=["reference", "trtllm"],
                    help="what to profile (default reference: the PyTorch engine)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--engine-dir", help="engine directory (e.g. engines/cpu from `specctl build --sku cpu`)")
+    src.add_argument("--engine-dir", "--engines", dest="engine_dir",
+                     help="engine directory (e.g. engines/cpu from `specctl build --sku cpu`)")
     src.add_argument("--shape", help="a catalog model shape for the target (e.g. llama-3.1-8b); needs --random-weights")
     p.add_argument("--draft-shape", action="append",
                    help="draft shape (repeatable; default for llama-3.1-8b: llama-3.2-1b and llama-160m)")

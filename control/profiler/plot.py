@@ -15,8 +15,8 @@ def write_points_csv(points: list[Point], path: str | Path) -> Path:
         w = csv.writer(f)
         w.writerow(["model", "batch", "ctx", "tokens_per_request", "n_ctx", "n_batched", "ms_median", "ms_min", "ms_max"])
         for p in points:
-            w.writerow([p.model, p.batch, p.ctx, p.tokens, p.n_ctx, p.n_batched, f"{p.ms:.4f}", f"{p.ms_min:.4f}",
-                        f"{p.ms_max:.4f}"])
+            w.writerow([p.model, p.batch, p.ctx, p.tokens, p.n_ctx, p.n_batched, f"{p.ms:.6f}", f"{p.ms_min:.6f}",
+                        f"{p.ms_max:.6f}"])
     return path
 
 

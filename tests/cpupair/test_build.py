@@ -106,16 +106,11 @@ def test_quick_pair(quick_engines):
 
 def test_saved_models_reproduce_recorded_acceptance(quick_engines):
     """Re-measuring acceptance from the saved checkpoints gives the numbers the manifest recorded."""
-    from tokenizers import Tokenizer
 
-    from control.buildsys.cpu.acceptance import heldout_prompts, measure_acceptance
-    from control.buildsys.cpu.corpus import load_corpus
+    from control.buildsys.cpu.acceptance import heldout_prompts, heldout_token_files, measure_acceptance
     from control.buildsys.cpu.progress import SilentReporter
-    from control.buildsys.cpu.tokenizer import encode_files
 
-    tok = Tokenizer.from_file(str(quick_engines / "target" / "tokenizer.json"))
-    corpus = load_corpus(max_train_bytes=QUICK.max_train_bytes, max_heldout_files=QUICK.max_heldout_files)
-    files = encode_files(tok, [f.text for f in corpus.heldout])
+    files = heldout_token_files(quick_engines)
     ev = QUICK.eval
     prompts = heldout_prompts(files, ev.prompts, ev.prompt)
     target = load_pretrained(quick_engines / "target")

@@ -36,6 +36,24 @@ def heldout_prompts(files: list[np.ndarray], n: int, length: int) -> torch.Tenso
     return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
+def heldout_token_files(engine_dir) -> list[np.ndarray]:
+    """The held-out files of a built pair's corpus, encoded with its tokenizer (as the build did)."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from control.buildsys.cpu.corpus import load_corpus, stdlib_root
+    from control.buildsys.cpu.tokenizer import encode_files
+
+    d = Path(engine_dir)
+    m = json.loads((d / "manifest.json").read_text())
+    tok = Tokenizer.from_file(str(d / m["target"] / "tokenizer.json"))
+    root = m.get("corpus", {}).get("root") or stdlib_root()
+    corpus = load_corpus(root, max_heldout_files=m.get("recipe", {}).get("max_heldout_files"), heldout_only=True)
+    return encode_files(tok, [f.text for f in corpus.heldout])
+
+
 def summarize(rates: np.ndarray) -> dict:
     return {
         "mean": round(float(rates.mean()), 4),

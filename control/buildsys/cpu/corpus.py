@@ -69,11 +69,13 @@ def _shuffle_key(rel: str) -> bytes:
 
 
 def load_corpus(root: str | Path | None = None, *, heldout_fraction: float = 0.04, max_file_bytes: int = 200_000,
-                max_train_bytes: int | None = None, max_heldout_files: int | None = None) -> Corpus:
+                max_train_bytes: int | None = None, max_heldout_files: int | None = None,
+                heldout_only: bool = False) -> Corpus:
     """Read the corpus: ``*.py`` files under ``root`` (default: this interpreter's standard library).
 
     Files that are not UTF-8 or larger than ``max_file_bytes`` (generated tables) are skipped.
     ``max_train_bytes`` caps the training text (the quick build uses a fixed, hash-ordered subset).
+    ``heldout_only`` reads just the held-out files (to re-measure acceptance of a built pair).
     """
     default = root is None
     base = stdlib_root() if default else Path(root)
@@ -96,7 +98,7 @@ def load_corpus(root: str | Path | None = None, *, heldout_fraction: float = 0.0
         held = _is_heldout(rel, heldout_fraction)
         if held and max_heldout_files is not None and len(heldout) >= max_heldout_files:
             continue
-        if not held and max_train_bytes is not None and train_chars >= max_train_bytes:
+        if not held and (heldout_only or max_train_bytes is not None and train_chars >= max_train_bytes):
             continue
         raw = (base / rel).read_bytes()
         if len(raw) > max_file_bytes or not raw.strip():
@@ -113,7 +115,7 @@ def load_corpus(root: str | Path | None = None, *, heldout_fraction: float = 0.0
             train.append(SourceFile(rel, text))
             train_chars += len(text)
         digest.update(rel.encode() + b"\0" + raw + b"\0")
-    if len(train) < 2 or not heldout:
+    if (len(train) < 2 and not heldout_only) or not heldout:
         raise ConfigError(
             f"corpus '{base}' has {len(train)} training and {len(heldout)} held-out usable *.py files; "
             "need at least 2 and 1 (point --corpus at a larger source tree)"
