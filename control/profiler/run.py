@@ -165,4 +165,6 @@ def profile_shapes(target: str, drafts: tuple[str, ...] | None, device: str = "c
 def calibrate(engine_dir: str | Path, device: str = "cpu") -> Profile:
     """A quick profile (a few seconds on CPU) of an engine directory, for executors that find no
     committed profile. Same schema and fit as ``specctl profile``, on a small grid."""
-    return profile_engine_dir(engine_dir, device=device, grid=CALIBRATE_GRID).profile
+    prof = profile_engine_dir(engine_dir, device=device, grid=CALIBRATE_GRID).profile
+    prof.environment["calibration"] = "quick grid (calibrate); run `specctl profile` for the full sweep"
+    return prof

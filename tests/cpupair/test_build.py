@@ -32,6 +32,7 @@ def _hashes(d):
             if p.suffix in (".safetensors", ".json") and p.name != "manifest.json"}
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_weights(tmp_path):
     a = build_cpu_pair(tmp_path / "a", TINY, seed=7)
     b = build_cpu_pair(tmp_path / "b", TINY, seed=7)
@@ -106,7 +107,6 @@ def test_quick_pair(quick_engines):
 
 def test_saved_models_reproduce_recorded_acceptance(quick_engines):
     """Re-measuring acceptance from the saved checkpoints gives the numbers the manifest recorded."""
-
     from control.buildsys.cpu.acceptance import heldout_prompts, heldout_token_files, measure_acceptance
     from control.buildsys.cpu.progress import SilentReporter
 
