@@ -41,5 +41,5 @@ def greedy_generate(model: LlamaForCausalLM, prompts: torch.Tensor, new_tokens: 
         out[:, t] = nxt
         if t + 1 < L:
             last = model(nxt, [Segment(i, t, 1) for i in range(B)], cache)
-        reporter.advance(1)
+        reporter.advance(B)
     return (out, ids, probs) if topk else out
