@@ -28,6 +28,13 @@ class ProfiledModel:
     model: LlamaForCausalLM
     source: str  # subdirectory or shape name
 
+    def __post_init__(self) -> None:
+        # Time each model in the mode the reference executor runs it: where the model has a
+        # batch-invariant forward, the target uses it (lossless greedy verification) and drafts,
+        # which only propose, do not.
+        if hasattr(self.model, "batch_invariant"):
+            self.model.batch_invariant = self.role == "target"
+
     @property
     def params(self) -> int:
         return self.model.num_parameters()
