@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         for n in [args.shape, *(args.draft_shape or [])]:
             get_model(n)
     grid = _grid(args, args.device)
+    if args.out and os.path.isdir(args.out):
+        raise ConfigError(f"--out '{args.out}' is a directory; give the profile's file name, e.g. {args.out}/PAIR.yaml")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
