@@ -74,6 +74,8 @@ def random_model(shape_name: str, device: torch.device, dtype: torch.dtype, seed
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to(dtype).to_empty(device=device)  # cast on meta first: allocate once, in dtype
+    if cfg.tie_word_embeddings:  # to_empty gives the shared weight two storages: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

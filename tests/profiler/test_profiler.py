@@ -132,3 +132,16 @@ def test_grid_lists():
     with pytest.raises(ConfigError, match="repeats"):
         Grid(batches=(1,), ctxs=(1,), ks=(0,), repeats=0)
     assert np.isclose(Grid(batches=(1,), ctxs=(32, 128, 512), ks=(0,)).typical_ctx, 128)
+
+
+def test_random_model_keeps_tied_embeddings_tied(monkeypatch):
+    """Llama-3.2-1B ties its embeddings; a random-weight stand-in must too (one matrix, catalog's count)."""
+    from control.buildsys import catalog
+    from control.profiler.models import random_model
+
+    shape = catalog.ModelShape("tied-small", 1, 64, 4, 2, 128, 500, tied_embeddings=True)
+    monkeypatch.setitem(catalog.MODELS, shape.name, shape)
+    m = random_model(shape.name, torch.device("cpu"), torch.bfloat16)
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert m.num_parameters() == shape.params
+    assert m.lm_head.weight.dtype == torch.bfloat16 and float(m.lm_head.weight.float().std()) == pytest.approx(0.02, rel=0.1)
