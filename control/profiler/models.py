@@ -84,7 +84,7 @@ def random_model(shape_name: str, device: torch.device, dtype: torch.dtype, seed
             else:
                 p.normal_(0.0, 0.02, generator=g)
     model.inv_freq = rope_inv_freq(cfg).float().to(device)  # a non-persistent buffer: to_empty left it empty
-    return model.eval()
+    return model.requires_grad_(False).eval()
 
 
 def engine_models(engine_dir: str | Path, device: torch.device, dtype: torch.dtype):
