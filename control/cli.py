@@ -24,6 +24,7 @@ COMMANDS = {
     "control-plane": "control.commands.control_plane",
     "roofline": "control.commands.roofline",
     "sim": "control.commands.sim",
+    "profile": "control.commands.profile",
 }
 
 

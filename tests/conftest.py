@@ -5,9 +5,16 @@ Synthetic profiles with known coefficients are for tests only; real profiles com
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from control.profile import parse_profile
+
+# Idle OpenMP threads sleep instead of spinning; spinning threads slow every process on a shared
+# machine down several-fold. Takes effect only if set before torch loads (conftest runs first).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0), ngram_ms=0.2, acceptance=None,
@@ -45,3 +52,23 @@ def tiny_engine_dir(tmp_path_factory):
     from tests.executor.tiny import build_tiny_engine_dir
 
     return build_tiny_engine_dir(tmp_path_factory.mktemp("engines") / "cpu")
+
+
+@pytest.fixture(scope="session")
+def quick_engines(tmp_path_factory) -> Path:
+    """The quick CPU pair (`specctl build --sku cpu --quick`, seed 0), built once per test session.
+
+    Set SPECCTL_QUICK_ENGINES=DIR to keep it between sessions: an existing build there is reused,
+    otherwise it is built there.
+    """
+    from control.buildsys.cpu.pair import build_cpu_pair
+    from control.buildsys.cpu.recipe import QUICK
+    from control.executors.manifest import load_manifest
+
+    env = os.environ.get("SPECCTL_QUICK_ENGINES")
+    if env and (Path(env) / "manifest.json").is_file():
+        load_manifest(env)
+        return Path(env)
+    out = Path(env) if env else tmp_path_factory.mktemp("quick-engines") / "cpu"
+    build_cpu_pair(out, QUICK, seed=0)
+    return out
