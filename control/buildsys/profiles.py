@@ -43,6 +43,11 @@ def profile_path(profiles_dir: Path, recipe: Recipe) -> Path:
     return Path(profiles_dir) / recipe.sku / f"{recipe.pair}.yaml"
 
 
+# Per-step cost of n-gram prompt lookup in the roofline profiles of ngram recipes (host-side lookup,
+# overlapped with little else; an estimate written down once, as the roofline's framework constants).
+NGRAM_MS = 0.1
+
+
 def roofline(recipe: Recipe) -> Profile:
     """The roofline profile of the recipe's SKU and pair: the one place the roofline model is called."""
     try:
@@ -52,8 +57,12 @@ def roofline(recipe: Recipe) -> Profile:
             f"no measured profile for {recipe.sku}/{recipe.pair} and the roofline model is not installed in this "
             f"checkout; pass --profile FILE (a specctl.profile/v1 document) or run `specctl profile` on the GPU host"
         ) from None
-    drafts = [recipe.speculation.draft or recipe.method.value]
-    return roofline_profile(recipe.sku, recipe.target, drafts, tp=recipe.tp)
+    if recipe.method.value == "ngram":  # prompt lookup: no draft model, a small host-side cost per step
+        return roofline_profile(recipe.sku, recipe.target, [], tp=recipe.tp, ngram_ms=NGRAM_MS)
+    if not recipe.speculation.draft:
+        raise ConfigError(f"recipe {recipe.sku}/{recipe.pair}: method {recipe.method.value} names no draft model, so "
+                          "the roofline cannot price it; pass --profile FILE (a specctl.profile/v1 document)")
+    return roofline_profile(recipe.sku, recipe.target, [recipe.speculation.draft], tp=recipe.tp)
 
 
 def pick_drafter(profile: Profile, recipe: Recipe) -> str:
