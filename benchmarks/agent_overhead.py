@@ -18,6 +18,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,13 +69,16 @@ class Loop:
 
 
 def start_service(profile_path: str) -> tuple[subprocess.Popen, str]:
+    # stderr (the service's log) goes to a file: an undrained pipe fills up and blocks the service
+    err = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the service process
     proc = subprocess.Popen([sys.executable, "-m", "control", "control-plane", "--profile", profile_path, "--port", "0",
-                             "--token", TOKEN], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--token", TOKEN], cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
     line = proc.stdout.readline()
     m = re.search(r"at (http://\S+) ", line)
     if not m:
         proc.kill()
-        raise SystemExit(f"agent_overhead: the control-plane did not start: {line}{proc.stderr.read()}")
+        err.seek(0)
+        raise SystemExit(f"agent_overhead: the control-plane did not start: {line}{err.read().decode(errors='replace')}")
     return proc, m.group(1)
 
 

@@ -139,7 +139,10 @@ def curve_inputs(state: ControlState) -> tuple[int, int, float]:
     last = state.history[-1] if state.history else None
     batch = max(int(round(last.mean_batch)), 1) if last is not None and last.steps else 8
     ctx = max(int(round(last.mean_ctx)), 1) if last is not None and last.mean_ctx else 1024
-    return batch, ctx, float(plan.prior_rate())
+    # An agent's window is validated but can still describe a batch or context the deployment cannot
+    # have (a corrupt or hostile report); the curve is drawn within the profile's limits.
+    lim = plan.profile.limits
+    return min(batch, lim.max_batch), min(ctx, lim.max_ctx), float(plan.prior_rate())
 
 
 def render(state: ControlState, explained: dict, *, refresh_s: int = 5, window_s: float = 600.0) -> str:

@@ -44,12 +44,14 @@ class ServiceProcess:
         cmd = [sys.executable, "-m", "control", "control-plane", "--profile", str(self.profile_path),
                "--port", str(self.port), "--token", TOKEN, *self.extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Output goes to a file: an undrained pipe fills up (64 KiB of logs) and blocks the service.
+        self.log_path = self.profile_path.parent / f"control-plane-{self.port}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                out, err = self.proc.communicate()
-                raise RuntimeError(f"control-plane exited with {self.proc.returncode}: {out} {err}")
+                raise RuntimeError(f"control-plane exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return self
@@ -58,6 +60,9 @@ class ServiceProcess:
             time.sleep(0.1)
         self.kill()
         raise RuntimeError(f"control-plane not ready within {timeout_s} s")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -217,3 +217,18 @@ def test_cli_refuses_a_taken_port_and_bad_input(service, profile_path, tmp_path,
     with pytest.raises(SystemExit) as e:
         main(["control-plane", "--profile", str(profile_path), "--port", "70000"])
     assert e.value.code == 2 and "port 70000 must be in 0..65535" in capsys.readouterr().err
+
+
+def test_curves_stay_within_the_profile_after_an_absurd_window(service):
+    """The default batch and context of /v1/explain and the dashboard come from the latest window; a
+    valid but absurd one (mean batch 10^10) once made the service allocate terabytes and fail with 500."""
+    c = httpx.Client(base_url=service.url, timeout=10)
+    absurd = _telemetry(source="absurd-agent", steps=1, spec_steps=0, predicted_steps=0, request_steps=10**10,
+                        ctx_tokens=10**12, max_batch=10**10, samples=None)
+    assert c.post("/v1/telemetry", json=absurd, headers=AUTH).status_code == 202
+    plan = parse_plan(c.get("/v1/plan").json())
+    got = c.get("/v1/explain")
+    assert got.status_code == 200, got.text
+    assert got.json()["batch"] == plan.profile.limits.max_batch and got.json()["ctx"] <= plan.profile.limits.max_ctx
+    assert c.get("/").status_code == 200
+    c.post("/v1/telemetry", json=_telemetry(source="absurd-agent", seq=2), headers=AUTH).raise_for_status()
