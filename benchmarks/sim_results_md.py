@@ -9,7 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from control.bench.report import aggregate, bar_check, k_by_batch_table, markdown_table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from control.bench.report import aggregate, bar_check, k_by_batch_table, markdown_table  # noqa: E402
 
 
 def load_rows(path: Path) -> tuple[list[dict], dict]:
