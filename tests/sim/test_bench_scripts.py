@@ -69,3 +69,14 @@ def test_merge_bench_json_replaces_one_policy(bench_json, tmp_path):
     for key, v in orig.items():
         assert merged[key] == pytest.approx(v * 2 if key[0] == "adaptive" else v)
     assert json.loads(out.read_text())["meta"]["rerun"]["policies"] == ["adaptive"]
+
+
+def test_sim_results_md_summary_counts_the_passing_loads(bench_json, tmp_path):
+    path, rows = bench_json
+    r = _script("sim_results_md.py", "--summary", str(path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    verdicts, _ = report.bar_check(rows)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("| tiny |"))
+    assert line.split("|")[2].strip() == f"{sum(v['pass'] for v in verdicts)}/{len(verdicts)}"
+    worst = max(v["vs_best"] for v in verdicts)
+    assert line.split("|")[3].strip().startswith(f"{worst:.3f}")
