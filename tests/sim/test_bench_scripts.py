@@ -28,11 +28,11 @@ def _script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def bench_json(tmp_path_factory):
     out = tmp_path_factory.mktemp("bar")
-    w = load_workload("poisson:in=lognormal:200:100,out=lognormal:60:30", requests=60, rate=1.0)
+    w = load_workload("poisson:in=lognormal:200:100,out=lognormal:60:30", requests=40, rate=1.0)
     res = sweep(SimSetup(make_profile(), w), [0.5, 1.0], ["none", "fixed:3", "adaptive", "oracle"], [0, 1],
-                requests=60)
+                requests=40)
     path = report.write_json(out / "tiny.json", res.rows, {"pair": "test", "profile": "synthetic", "workload": "poisson",
-                                                           "capacity_req_s": res.capacity_req_s, "requests_per_run": 60,
+                                                           "capacity_req_s": res.capacity_req_s, "requests_per_run": 40,
                                                            "seeds": 2})
     return path, res.rows
 
