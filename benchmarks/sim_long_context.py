@@ -62,23 +62,34 @@ def weighted_adaptive():
         adaptive_mod.admit_parametric = orig
 
 
-def run_recording(setup: SimSetup, w, spec: str, seed: int):
-    """Run ``spec`` and record every decode step's (context lengths, chosen k)."""
+def run_recording(setup: SimSetup, w, spec: str, seed: int, pred: list | None = None):
+    """Run ``spec`` and record every decode step's (context lengths, chosen k); with ``pred``, also
+    append (predicted step ms, simulated step ms, predicted tokens, generated tokens) per step where
+    the policy made a prediction."""
     ctxs, ks = [], []
     orig = simrun.make_policy
+    last = {}
 
     def make(s, plan, engine, sd):
         pol = orig(s, plan, engine, sd)
-        decide = pol.decide
+        decide, observe = pol.decide, pol.observe
 
         def recording(view):
             d = decide(view)
             if view.n:
                 ctxs.append(view.ctx_lens.copy())
                 ks.append(np.asarray(d.k, dtype=np.int64).copy())
+                last["d"] = d
             return d
 
-        pol.decide = recording
+        def observing(outcome):
+            d = last.pop("d", None)
+            if pred is not None and d is not None and d.predicted_step_ms is not None:
+                pred.append((d.predicted_step_ms, outcome.draft_ms + outcome.verify_ms, d.predicted_tokens,
+                             float(outcome.accepted.sum() + outcome.n)))
+            observe(outcome)
+
+        pol.decide, pol.observe = recording, observing
         return pol
 
     simrun.make_policy = make
@@ -116,12 +127,13 @@ def main() -> None:
         kc = {p: [np.zeros(len(CTX_EDGES) - 1), np.zeros(len(CTX_EDGES) - 1)] for p in policies}
         lat = {p: [] for p in policies}
         quart = {p: np.zeros(4) for p in policies}
+        preds: dict[str, list] = {}
         for seed in seeds:
             w = workload_at(setup, load * cap, args.requests, seed)
             q = np.quantile(w.prompt_tokens, [0.25, 0.5, 0.75])
             qi = np.searchsorted(q, w.prompt_tokens, side="left")
             for p in policies:
-                res, ctx, k = run_recording(setup, w, p, seed)
+                res, ctx, k = run_recording(setup, w, p, seed, preds.setdefault(p, []))
                 b = np.searchsorted(CTX_EDGES, ctx, side="right") - 1
                 kc[p][0] += np.bincount(b, weights=k, minlength=len(CTX_EDGES) - 1)
                 kc[p][1] += np.bincount(b, minlength=len(CTX_EDGES) - 1)
@@ -141,6 +153,12 @@ def main() -> None:
             ks = " | ".join(f"{s[i] / c[i]:.2f}" if c[i] else "-" for i in range(len(names)) if have[i])
             m = float(np.mean(lat[p]))
             print(f"| {p} | {m:.3f} | {m / np.mean(lat[ref]):.3f} | {ks} | {' / '.join(f'{x:.2f}' for x in quart[p])} |")
+        for p in policies:
+            a = np.array(preds.get(p) or [], dtype=np.float64)
+            if a.size:
+                print(f"{p}: predicted / simulated step time {a[:, 0].sum() / a[:, 1].sum():.3f} "
+                      f"(median per step {np.median(a[:, 0] / a[:, 1]):.3f}), predicted / generated tokens "
+                      f"{a[:, 2].sum() / a[:, 3].sum():.3f}, over {len(a)} steps")
         print(flush=True)
 
 
