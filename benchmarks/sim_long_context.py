@@ -84,7 +84,7 @@ def run_recording(setup: SimSetup, w, spec: str, seed: int, pred: list | None = 
 
         def observing(outcome):
             d = last.pop("d", None)
-            if pred is not None and d is not None and d.predicted_step_ms is not None:
+            if pred is not None and d is not None and np.isfinite(d.predicted_step_ms) and np.isfinite(d.predicted_tokens):
                 pred.append((d.predicted_step_ms, outcome.draft_ms + outcome.verify_ms, d.predicted_tokens,
                              float(outcome.accepted.sum() + outcome.n)))
             observe(outcome)
