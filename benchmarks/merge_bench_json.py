@@ -10,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from control.bench.report import load_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from control.bench.report import load_json  # noqa: E402
 
 
 def main() -> None:

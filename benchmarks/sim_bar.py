@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from control.bench import report
-from control.bench.simrun import DEFAULT_POLICIES, SimSetup, measure_capacity, sweep
-from control.bench.workloads import load_workload
-from control.profile import load_profile
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from control.bench import report  # noqa: E402
+from control.bench.simrun import DEFAULT_POLICIES, SimSetup, measure_capacity, sweep  # noqa: E402
+from control.bench.workloads import load_workload  # noqa: E402
+from control.profile import load_profile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {

@@ -1,6 +1,7 @@
 """Summarise sim_bar.py outputs (specctl.bench/v1 JSON) into Markdown tables for docs/sim-results.md.
 
     python benchmarks/sim_results_md.py runs/sim-bar/*.json > section.md
+    python benchmarks/sim_results_md.py --summary runs/sim-bar/*.json   # one line per configuration
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from control.bench.report import aggregate, bar_check, k_by_batch_table, markdown_table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from control.bench.report import aggregate, bar_check, k_by_batch_table, markdown_table  # noqa: E402
 
 
 def load_rows(path: Path) -> tuple[list[dict], dict]:
@@ -55,7 +58,31 @@ def seed_spread(rows: list[dict], policy: str = "adaptive") -> str:
     return "; ".join(out)
 
 
+def summary_line(tag: str, rows: list[dict]) -> str:
+    """One row of the overview: loads passing, worst ratio to the best fixed k, ratio to none at the
+    top load, lowest goodput / oracle (adaptive's and, where it ran, the rate oracle's)."""
+    verdicts, _ = bar_check(rows)
+    agg = aggregate(rows)
+    top = max(v["load"] for v in verdicts)
+    worst = max(verdicts, key=lambda v: v["vs_best"])
+    low = min(verdicts, key=lambda v: v["goodput_vs_oracle"])
+    rate = [agg[(v["load"], "rate-oracle")]["goodput_tok_s"] / agg[(v["load"], "oracle")]["goodput_tok_s"]
+            for v in verdicts if (v["load"], "rate-oracle") in agg and (v["load"], "oracle") in agg]
+    sat = next(v["vs_none"] for v in verdicts if v["load"] == top)
+    return (f"| {tag} | {sum(v['pass'] for v in verdicts)}/{len(verdicts)} | {worst['vs_best']:.3f} (load {worst['load']:g}) | "
+            f"{sat:.3f} | {low['goodput_vs_oracle']:.3f} (load {low['load']:g}) | "
+            f"{f'{min(rate):.3f}' if rate else '-'} |")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--summary"]:
+        print("| configuration | loads passing | worst adaptive / best fixed k | adaptive / none at top load | "
+              "lowest adaptive goodput / oracle | lowest rate-oracle goodput / oracle |")
+        print("|---|---|---|---|---|---|")
+        for f in sys.argv[2:]:
+            if not f.endswith("-bar.json"):
+                print(summary_line(Path(f).stem, load_rows(Path(f))[0]))
+        return
     for f in sys.argv[1:]:
         p = Path(f)
         if p.name.endswith("-bar.json"):

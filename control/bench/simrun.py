@@ -48,6 +48,10 @@ class SimSetup:
         for d in names:
             self.profile.drafter(d)
         self.drafters = list(names)
+        unknown = sorted(set(self.acceptance_overrides or {}) - set(self.drafters))
+        if unknown:
+            raise ConfigError(f"acceptance override for {', '.join(repr(d) for d in unknown)}: not a drafter of this run; "
+                              f"drafters: {', '.join(self.drafters)}")
         lim = self.profile.limits
         if lim.max_ctx:
             too_long = int(((self.workload.prompt_tokens + self.workload.output_tokens) > lim.max_ctx).sum())

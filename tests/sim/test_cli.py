@@ -54,6 +54,7 @@ def test_sim_writes_schema_report_and_plots_and_is_deterministic(profile_path, t
     (["--policies", "fixed:3,magic"], "unknown policy 'magic'"),
     (["--workload", "nope"], "unknown workload 'nope'"),
     (["--profile", "missing.yaml"], "does not exist"),
+    (["--acceptance", "llama-7b=0.5"], "acceptance override for 'llama-7b': not a drafter of this run; drafters: llama-160m"),
 ])
 def test_sim_bad_input_is_one_line(profile_path, capsys, argv, match):
     base = {"--profile": str(profile_path), "--workload": "poisson", "--loads": "0.5", "--policies": "none"}
