@@ -3,7 +3,9 @@
 Per step:
 1. The gate (hysteresis on batch size, dwell, periodic retune from the live cost model) decides
    whether to consider speculation at all; while off the draft prefill is skipped.
-2. The drafter bandit (SPIN) picks each request's drafter when several are active.
+2. The drafter bandit (SPIN) picks each request's drafter when several are active; its exploration
+   draws each drafter with its posterior probability of being the best (Thompson sampling on the
+   pooled acceptance, the profile's rate as a prior, mapped to goodput through the cost model).
 3. Survival p[r, j] combines the request's own Beta-posterior rate (shrunk to its category's or the
    drafter's pooled rate) with the drafter's per-position acceptance curve.
 4. ``admit_parametric`` picks per-request k maximising (n + sum admitted p) / T with the live cost
@@ -27,7 +29,7 @@ from control.goodput.estimators import (
     request_position_survival,
 )
 from control.goodput.optimizer import Choice, Constraints, admit_parametric, slo_ok
-from control.goodput.stepcost import DrafterCost, StepCostModel
+from control.goodput.stepcost import DrafterCost, StepCostModel, uniform_step_ms
 from control.plan import threshold_batch
 from control.policy.bandit import DrafterBandit
 from control.policy.base import I64, BasePolicy, PolicyContext
@@ -36,6 +38,9 @@ from control.policy.types import Decision, StepOutcome, StepView
 
 REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
 PROBE_TRIALS = 32  # first-position trials below which a drafter counts as unmeasured (probed while exploring)
+PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploration posterior: its Beta has
+# a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
+THOMPSON_SAMPLES = 64  # posterior draws per exploration chunk
 
 
 class AdaptivePolicy(BasePolicy):
@@ -62,6 +67,7 @@ class AdaptivePolicy(BasePolicy):
         self.gate = Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps)
         self._zero_run = 0
         self._g: float | None = None  # last step's predicted goodput: the optimiser's warm start
+        self._rng = np.random.default_rng(self._seed)
         b = ctx.bandit
         caps = None
         if b.capacities:
@@ -123,7 +129,10 @@ class AdaptivePolicy(BasePolicy):
         if self.bandit is not None:
             lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
             switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
-            d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=self._to_exec >= 0)
+            allowed = self._to_exec >= 0
+            if self.bandit.draws_next():
+                self.bandit.explore_p = self.explore_probs(view, allowed)
+            d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)
         else:
             d_ctx = np.full(n, self.ctx.default, dtype=I64)
         d_exec = self.exec_drafter(d_ctx)
@@ -152,6 +161,32 @@ class AdaptivePolicy(BasePolicy):
             conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def explore_probs(self, view: StepView, allowed: np.ndarray) -> np.ndarray:
+        """Each drafter's posterior probability of giving the best goodput for this batch (Thompson).
+
+        Pooled acceptance per drafter ~ Beta(successes + prior * w, failures + (1 - prior) * w) with
+        the profile's rate as the prior worth w = PRIOR_TRIALS trials; each draw is mapped to the
+        drafter's best uniform-k goodput under the live cost model at the batch's size and mean
+        context, and a drafter's probability is the share of draws in which it wins. A drafter the
+        profile rates far below another, or that measured poorly, is seldom drawn; one that might
+        win still is, with a probability that falls as its measurements rule it out.
+        """
+        m, K, n = len(self.ctx.drafters), self.K, view.n
+        succ = np.array([p.succ.sum() for p in self.pos])
+        trials = np.array([p.trials.sum() for p in self.pos])
+        prior = self.ctx.prior_rate
+        rate = self._rng.beta(succ + prior * PRIOR_TRIALS, np.maximum(trials - succ, 0.0) + (1 - prior) * PRIOR_TRIALS,
+                              size=(THOMPSON_SAMPLES, m))
+        kk = np.arange(K + 1, dtype=np.float64)
+        ctx = float(view.ctx_lens.mean())
+        step = np.stack([uniform_step_ms(self.cost, n, ctx, kk, drafter=i) for i in range(m)])  # (m, K+1)
+        # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
+        tokens = np.cumsum(rate[:, :, None] ** kk[None, None, :], axis=2)  # (S, m, K+1)
+        best = (tokens / step[None]).max(axis=2)
+        best = np.where(allowed[None, :], best, -np.inf)
+        wins = np.bincount(np.argmax(best, axis=1), minlength=m).astype(np.float64)
+        return wins / wins.sum()
 
     def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray):
         """While the bandit explores, a request put on a drafter with almost no measured acceptance

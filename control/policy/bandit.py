@@ -9,6 +9,13 @@ drafter (the KV it must recompute on the new drafter).
 
 A "slot" is one engine step. Requests come and go: state is kept per executor slot and reset when
 a new request takes it; a request with no estimate for a drafter uses that drafter's pooled mean.
+
+Exploration draws drafters uniformly (SPIN) unless the owner sets ``explore_p``: then each draw
+follows those probabilities. The adaptive policy sets them to each drafter's posterior probability
+of being the best (Thompson sampling on acceptance through the cost model), so a drafter that the
+profile and the outcomes so far make clearly worse is not tried for whole chunks of steps: SPIN
+assumes no prior, and uniform exploration of a dominated drafter costs more than it can teach
+(on a short run at batch 1 it was the whole run).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class DrafterBandit:
         self.pool_cnt = np.zeros(n_drafters)
         self.switches = 0
         self._allowed: np.ndarray | None = None  # drafters the executor runs now (None: all)
+        self.explore_p: np.ndarray | None = None  # exploration draw probabilities (None: uniform)
 
     # -- state -----------------------------------------------------------------------------------
     def _ensure(self, max_slot: int) -> None:
@@ -76,9 +84,19 @@ class DrafterBandit:
         cap = np.full(self.m, n, dtype=I64) if self.cap is None else np.minimum(self.cap, n)
         return cap if self._allowed is None else np.where(self._allowed, cap, 0)
 
+    def draws_next(self) -> bool:
+        """Whether the next ``assign`` starts an exploration chunk (draws drafters at random)."""
+        return self.exploring and self.t_stage % self.beta == 0
+
     def _random(self, n: int) -> np.ndarray:
         cap = self._capacity(n)
-        if self._allowed is None:
+        p = None
+        if self.explore_p is not None:
+            p = np.where(self._allowed, self.explore_p, 0.0) if self._allowed is not None else self.explore_p
+            p = p / p.sum() if p.sum() > 0 else None
+        if p is not None:
+            choice = self.rng.choice(self.m, size=n, p=p).astype(I64)
+        elif self._allowed is None:
             choice = self.rng.integers(0, self.m, size=n)
         else:
             choice = self.rng.choice(np.flatnonzero(self._allowed), size=n).astype(I64)
