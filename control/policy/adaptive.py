@@ -93,16 +93,25 @@ class AdaptivePolicy(BasePolicy):
         return self.pos[i].mean_rate
 
     def survival(self, view: StepView, d_ctx: np.ndarray) -> np.ndarray:
+        if self._uniform(d_ctx):  # one drafter for the whole batch (always so at batch 1): no masks
+            return self._survival_of(int(d_ctx[0]), view.slots, view.category)
         surv = np.empty((view.n, self.K))
         for i in range(len(self.ctx.drafters)):
             sel = d_ctx == i
             if not sel.any():
                 continue
-            pooled = self.pooled_rate(i)
-            prior = pooled if view.category is None else self.cat.rates(view.category[sel], pooled)
-            rate = self.req[i].mean(view.slots[sel], prior)
-            surv[sel] = request_position_survival(rate, self.pos[i].rates, pooled)
+            surv[sel] = self._survival_of(i, view.slots[sel], None if view.category is None else view.category[sel])
         return surv
+
+    def _survival_of(self, i: int, slots: np.ndarray, category: np.ndarray | None) -> np.ndarray:
+        pos = self.pos[i]
+        pooled = pos.mean_rate
+        prior = pooled if category is None else self.cat.rates(category, pooled)
+        return request_position_survival(self.req[i].mean(slots, prior), pos.rates, pooled, pos.odds)
+
+    @staticmethod
+    def _uniform(d: np.ndarray) -> bool:
+        return d.size == 1 or bool((d == d[0]).all())
 
     def reset_slots(self, slots: np.ndarray) -> None:
         for r in self.req:
@@ -127,8 +136,10 @@ class AdaptivePolicy(BasePolicy):
             return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
                             prefill_draft=False)
         if self.bandit is not None:
-            lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
-            switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
+            switch_cost = None
+            if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
+                lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
+                switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
             allowed = self._to_exec >= 0
             if self.bandit.draws_next():
                 self.bandit.explore_p = self.explore_probs(view, allowed)
@@ -145,7 +156,7 @@ class AdaptivePolicy(BasePolicy):
                                   lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
         self._g = choice.goodput
         if self.bandit is not None and self.bandit.exploring:
-            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx)
+            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv)
         if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any():
             # Speculation did not pay for requests whose drafts are in sync: evidence about the batch
             # size. (A zero that only reflects catch-up costs says nothing about the batch size.)
@@ -188,10 +199,13 @@ class AdaptivePolicy(BasePolicy):
         wins = np.bincount(np.argmax(best, axis=1), minlength=m).astype(np.float64)
         return wins / wins.sum()
 
-    def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray):
+    def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray,
+                          surv: np.ndarray):
         """While the bandit explores, a request put on a drafter with almost no measured acceptance
         drafts one token even where the prior says it does not pay: otherwise a pessimistic prior is
         never tested, the drafter's requests never speculate and the bandit never sees a reward."""
+        if not (choice.k == 0).any():
+            return choice
         unmeasured = np.array([p.trials[0] < PROBE_TRIALS for p in self.pos])
         probe = (choice.k == 0) & (cap > 0) & (lag == 0) & unmeasured[d_ctx]
         room = min(int(view.free_kv_slots), int(view.token_budget) - view.n) - int(choice.k.sum())
@@ -199,7 +213,6 @@ class AdaptivePolicy(BasePolicy):
             return choice
         probe &= np.cumsum(probe) <= room
         k = np.where(probe, 1, choice.k)
-        surv = self.survival(view, d_ctx)
         tokens = float(view.n + np.where(np.arange(surv.shape[1])[None, :] < k[:, None], surv, 0.0).sum())
         step = self.cost.step_ms(view.ctx_lens, k, d_ctx, lag)
         c = self.ctx.cons
@@ -254,23 +267,36 @@ class AdaptivePolicy(BasePolicy):
         d_ctx = self._to_ctx[outcome.drafter] if self._to_ctx.size else np.full(outcome.n, self.ctx.default, dtype=I64)
         s, t = chain_trials(outcome.verified, outcome.accepted)
         spec = outcome.verified > 0
-        for i in range(len(self.ctx.drafters)):
-            sel = spec & (d_ctx == i)
-            if not sel.any():
-                continue
-            self.pos[i].update(outcome.verified[sel], outcome.accepted[sel])
-            self.req[i].ensure(int(outcome.slots[sel].max()))
-            self.req[i].update(outcome.slots[sel], s[sel], t[sel])
-        if outcome.category is not None and spec.any():
+        if not spec.any():
+            self._refit(outcome, d_ctx, spec)
+            return
+        if spec.all() and self._uniform(d_ctx):  # one drafter, everyone drafted (batch 1): no masks
+            i = int(d_ctx[0])
+            self.pos[i].update(outcome.verified, outcome.accepted)
+            self.req[i].ensure(int(outcome.slots.max()))
+            self.req[i].update(outcome.slots, s, t)
+        else:
+            for i in range(len(self.ctx.drafters)):
+                sel = spec & (d_ctx == i)
+                if not sel.any():
+                    continue
+                self.pos[i].update(outcome.verified[sel], outcome.accepted[sel])
+                self.req[i].ensure(int(outcome.slots[sel].max()))
+                self.req[i].update(outcome.slots[sel], s[sel], t[sel])
+        if outcome.category is not None:
             self.cat.update(outcome.category[spec], s[spec], t[spec])
         self._refit(outcome, d_ctx, spec)
-        if self.bandit is not None and spec.any():
+        if self.bandit is not None:
             self.bandit.update(outcome.slots[spec], d_ctx[spec], self._rewards(outcome, d_ctx)[spec])
 
     def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""
         n = outcome.n
         verify_share = self.cost.verify_ms(outcome.ctx_lens.astype(np.float64), outcome.verified) / n
+        if self._uniform(d_ctx):
+            d = self.cost.drafters[int(d_ctx[0])]
+            share = verify_share + d.draft_ms(outcome.ctx_lens.astype(np.float64), outcome.drafted) / n
+            return (outcome.accepted + 1) / max(share, 1e-9)
         share = np.full(n, verify_share)
         for i, d in enumerate(self.cost.drafters):
             sel = d_ctx == i
