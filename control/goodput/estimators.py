@@ -118,16 +118,23 @@ class PositionRates:
         self.prior = p
         self._cache = None
 
-    def _estimates(self) -> tuple[np.ndarray, float, np.ndarray]:
-        """(rates, mean_rate, odds of the clipped rates), recomputed only after an update."""
+    def _estimates(self) -> tuple[np.ndarray, float, np.ndarray, float, float]:
+        """(rates, mean_rate, odds of the clipped rates, total successes, total trials), recomputed
+        only after an update."""
         if self._cache is None:
             pt = self.prior_trials
             rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), 0.999)
-            t = float(self.trials.sum()) + pt
-            mean = min((float(self.succ.sum()) + float(self.prior[0]) * pt) / t, 0.999)
+            s_all, t_all = float(self.succ.sum()), float(self.trials.sum())
+            mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), 0.999)
             c = np.clip(rates, 1e-6, 1 - 1e-6)
-            self._cache = (rates, mean, c / (1.0 - c))
+            self._cache = (rates, mean, c / (1.0 - c), s_all, t_all)
         return self._cache
+
+    @property
+    def totals(self) -> tuple[float, float]:
+        """(successes, trials) summed over positions (decayed counts, no prior)."""
+        e = self._estimates()
+        return e[3], e[4]
 
     @property
     def rates(self) -> np.ndarray:

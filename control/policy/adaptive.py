@@ -40,7 +40,9 @@ REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
 PROBE_TRIALS = 32  # first-position trials below which a drafter counts as unmeasured (probed while exploring)
 PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploration posterior: its Beta has
 # a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
-THOMPSON_SAMPLES = 64  # posterior draws per exploration chunk
+THOMPSON_SAMPLES = 32  # posterior draws per exploring step
+EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of being best stays above this:
+# below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
 
 
 class AdaptivePolicy(BasePolicy):
@@ -68,12 +70,17 @@ class AdaptivePolicy(BasePolicy):
         self._zero_run = 0
         self._g: float | None = None  # last step's predicted goodput: the optimiser's warm start
         self._rng = np.random.default_rng(self._seed)
+        self._kk = np.arange(K + 1, dtype=np.float64)
+        self._steps_key: tuple | None = None
+        self._steps = np.zeros(0)
         b = ctx.bandit
         caps = None
         if b.capacities:
             caps = [b.capacities.get(d, 1 << 30) for d in ctx.drafters]
         self.bandit = (DrafterBandit(m, caps, b.explore_slots, b.chunk_slots, b.switch_cost_weight,
                                      b.max_exploit_slots, seed=self._seed) if (m > 1 and b.enabled) else None)
+        if self.bandit is not None:
+            self.bandit.keep_p = EXPLORE_KEEP
 
     def update_context(self, ctx: PolicyContext) -> None:
         same_drafters = ctx.drafters == self.ctx.drafters and ctx.max_k == self.ctx.max_k
@@ -141,8 +148,11 @@ class AdaptivePolicy(BasePolicy):
                 lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
                 switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
             allowed = self._to_exec >= 0
-            if self.bandit.draws_next():
-                self.bandit.explore_p = self.explore_probs(view, allowed)
+            b = self.bandit
+            if b.exploring and (b.draws_next() or b.explore_p is None or self._long_shot(view.slots)):
+                # fresh at each chunk's start, and every step while a request is on a long shot (so a
+                # drafter that stops winning is dropped at once); the favourite's chunk needs no re-check
+                b.explore_p = self.explore_probs(view, allowed)
             d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)
         else:
             d_ctx = np.full(n, self.ctx.default, dtype=I64)
@@ -173,31 +183,44 @@ class AdaptivePolicy(BasePolicy):
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
 
+    def _long_shot(self, slots: np.ndarray) -> bool:
+        """Whether a request is on a drafter that had under even odds of being best."""
+        cur = self.bandit.assigned[slots]
+        return bool((self.bandit.explore_p[np.maximum(cur, 0)] < 0.5).any())
+
     def explore_probs(self, view: StepView, allowed: np.ndarray) -> np.ndarray:
         """Each drafter's posterior probability of giving the best goodput for this batch (Thompson).
 
         Pooled acceptance per drafter ~ Beta(successes + prior * w, failures + (1 - prior) * w) with
-        the profile's rate as the prior worth w = PRIOR_TRIALS trials; each draw is mapped to the
+        the profile's rate as the prior worth w = PRIOR_TRIALS trials (drawn from its normal
+        approximation); each draw is mapped to the
         drafter's best uniform-k goodput under the live cost model at the batch's size and mean
         context, and a drafter's probability is the share of draws in which it wins. A drafter the
         profile rates far below another, or that measured poorly, is seldom drawn; one that might
         win still is, with a probability that falls as its measurements rule it out.
         """
         m, K, n = len(self.ctx.drafters), self.K, view.n
-        succ = np.array([p.succ.sum() for p in self.pos])
-        trials = np.array([p.trials.sum() for p in self.pos])
-        prior = self.ctx.prior_rate
-        rate = self._rng.beta(succ + prior * PRIOR_TRIALS, np.maximum(trials - succ, 0.0) + (1 - prior) * PRIOR_TRIALS,
-                              size=(THOMPSON_SAMPLES, m))
-        kk = np.arange(K + 1, dtype=np.float64)
-        ctx = float(view.ctx_lens.mean())
-        step = np.stack([uniform_step_ms(self.cost, n, ctx, kk, drafter=i) for i in range(m)])  # (m, K+1)
+        st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials
+        a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS
+        t = st[:, 1] + PRIOR_TRIALS
+        mean = a / t
+        # Beta(a, t - a) by its normal approximation (a Beta draw costs more than the rest together;
+        # with >= PRIOR_TRIALS pseudo-trials the two are close where it matters)
+        sd = np.sqrt(mean * (1.0 - mean) / (t + 1.0))
+        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, 0.999)
+        ctx = int(view.ctx_lens.mean()) >> 4  # step times per 16-token context bucket, cached per cost model
+        key = (n, ctx, id(self.cost))
+        if self._steps_key != key:
+            kk = np.arange(K + 1, dtype=np.float64)
+            self._steps = 1.0 / np.stack([uniform_step_ms(self.cost, n, 16.0 * ctx + 8.0, kk, drafter=i)
+                                          for i in range(m)])  # (m, K+1): 1 / step ms
+            self._steps_key = key
         # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
-        tokens = np.cumsum(rate[:, :, None] ** kk[None, None, :], axis=2)  # (S, m, K+1)
-        best = (tokens / step[None]).max(axis=2)
-        best = np.where(allowed[None, :], best, -np.inf)
-        wins = np.bincount(np.argmax(best, axis=1), minlength=m).astype(np.float64)
-        return wins / wins.sum()
+        tokens = (1.0 - np.power.outer(rate, self._kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
+        best = (tokens * self._steps).max(axis=2)
+        if not allowed.all():
+            best[:, ~allowed] = -np.inf
+        return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
 
     def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray,
                           surv: np.ndarray):

@@ -11,11 +11,12 @@ A "slot" is one engine step. Requests come and go: state is kept per executor sl
 a new request takes it; a request with no estimate for a drafter uses that drafter's pooled mean.
 
 Exploration draws drafters uniformly (SPIN) unless the owner sets ``explore_p``: then each draw
-follows those probabilities. The adaptive policy sets them to each drafter's posterior probability
-of being the best (Thompson sampling on acceptance through the cost model), so a drafter that the
-profile and the outcomes so far make clearly worse is not tried for whole chunks of steps: SPIN
-assumes no prior, and uniform exploration of a dominated drafter costs more than it can teach
-(on a short run at batch 1 it was the whole run).
+follows those probabilities, and a request whose drafter's probability has fallen to ``keep_p`` or
+below is re-drawn at once instead of at the chunk's end. The adaptive policy sets them to each drafter's
+posterior probability of being the best (Thompson sampling on acceptance through the cost model),
+so a drafter that the profile and the outcomes so far make clearly worse is not tried for whole
+chunks of steps: SPIN assumes no prior, and uniform exploration of a dominated drafter costs more
+than it can teach (on a short run at batch 1 it was the whole run).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class DrafterBandit:
         self.switches = 0
         self._allowed: np.ndarray | None = None  # drafters the executor runs now (None: all)
         self.explore_p: np.ndarray | None = None  # exploration draw probabilities (None: uniform)
+        self.keep_p = 0.0  # mid-chunk, a request whose drafter's explore_p <= keep_p is re-drawn
 
     # -- state -----------------------------------------------------------------------------------
     def _ensure(self, max_slot: int) -> None:
@@ -158,6 +160,9 @@ class DrafterBandit:
             missing = cur < 0
             if self._allowed is not None:
                 missing |= ~self._allowed[np.maximum(cur, 0)]
+            if self.exploring and self.explore_p is not None:
+                # a drafter whose chance has fallen to keep_p or below is dropped at once, not at the chunk's end
+                missing |= self.explore_p[np.maximum(cur, 0)] <= self.keep_p
             if missing.any():  # requests that arrived mid-chunk or mid-stage
                 if self.exploring:
                     new[missing] = self._random(int(missing.sum()))
