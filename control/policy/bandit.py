@@ -184,12 +184,13 @@ class DrafterBandit:
         return new
 
     def update(self, slots: np.ndarray, drafter: np.ndarray, reward: np.ndarray) -> None:
-        """Record per-request goodput ``reward`` observed on ``drafter`` this slot."""
+        """Record per-request goodput ``reward`` observed on ``drafter`` this slot (distinct slots)."""
         slots = np.asarray(slots, dtype=I64)
         if slots.size == 0:
             return
         self._ensure(int(slots.max()))
-        np.add.at(self.g_sum, (slots, drafter), reward)
-        np.add.at(self.g_cnt, (slots, drafter), 1.0)
-        np.add.at(self.pool_sum, drafter, reward)
-        np.add.at(self.pool_cnt, drafter, 1.0)
+        # slots are distinct within a step (one outcome per request): plain fancy-index adds suffice
+        self.g_sum[slots, drafter] += reward
+        self.g_cnt[slots, drafter] += 1.0
+        self.pool_sum += np.bincount(drafter, weights=reward, minlength=self.m)
+        self.pool_cnt += np.bincount(drafter, minlength=self.m)
