@@ -150,8 +150,8 @@ class AdaptivePolicy(BasePolicy):
             allowed = self._to_exec >= 0
             b = self.bandit
             if b.exploring and (b.draws_next() or b.explore_p is None or self._long_shot(view.slots)):
-                # fresh at each chunk's start, and every step while a request is on a long shot (so a
-                # drafter that stops winning is dropped at once); the favourite's chunk needs no re-check
+                # fresh at each chunk's start, and every step while a request is on a drafter other than
+                # the favourite (so one that stops winning is dropped at once); the favourite's needs no re-check
                 b.explore_p = self.explore_probs(view, allowed)
             d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)
         else:
@@ -184,9 +184,9 @@ class AdaptivePolicy(BasePolicy):
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
 
     def _long_shot(self, slots: np.ndarray) -> bool:
-        """Whether a request is on a drafter that had under even odds of being best."""
-        cur = self.bandit.assigned[slots]
-        return bool((self.bandit.explore_p[np.maximum(cur, 0)] < 0.5).any())
+        """Whether a request is on a drafter other than the one most likely to be best."""
+        p = self.bandit.explore_p
+        return bool((p[np.maximum(self.bandit.assigned[slots], 0)] < p.max()).any())
 
     def explore_probs(self, view: StepView, allowed: np.ndarray) -> np.ndarray:
         """Each drafter's posterior probability of giving the best goodput for this batch (Thompson).
