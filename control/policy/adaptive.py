@@ -193,9 +193,9 @@ class AdaptivePolicy(BasePolicy):
 
         Pooled acceptance per drafter ~ Beta(successes + prior * w, failures + (1 - prior) * w) with
         the profile's rate as the prior worth w = PRIOR_TRIALS trials (drawn from its normal
-        approximation); each draw is mapped to the
-        drafter's best uniform-k goodput under the live cost model at the batch's size and mean
-        context, and a drafter's probability is the share of draws in which it wins. A drafter the
+        approximation); each draw is mapped to the drafter's best uniform-k goodput under the live
+        cost model at the batch's size and mean context, and a drafter's probability is the share
+        of draws in which it wins. A drafter the
         profile rates far below another, or that measured poorly, is seldom drawn; one that might
         win still is, with a probability that falls as its measurements rule it out.
         """
