@@ -149,9 +149,9 @@ class AdaptivePolicy(BasePolicy):
                 switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
             allowed = self._to_exec >= 0
             b = self.bandit
-            if b.exploring and (b.draws_next() or b.explore_p is None or self._long_shot(view.slots)):
-                # fresh at each chunk's start, and every step while a request is on a drafter other than
-                # the favourite (so one that stops winning is dropped at once); the favourite's needs no re-check
+            if b.exploring:
+                # fresh every exploring step, so a drafter that stops winning is dropped at once (the
+                # favourite too: the profile's favourite can be the one that fails on this workload)
                 b.explore_p = self.explore_probs(view, allowed)
             d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)
         else:
@@ -182,11 +182,6 @@ class AdaptivePolicy(BasePolicy):
             conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
-
-    def _long_shot(self, slots: np.ndarray) -> bool:
-        """Whether a request is on a drafter other than the one most likely to be best."""
-        p = self.bandit.explore_p
-        return bool((p[np.maximum(self.bandit.assigned[slots], 0)] < p.max()).any())
 
     def explore_probs(self, view: StepView, allowed: np.ndarray) -> np.ndarray:
         """Each drafter's posterior probability of giving the best goodput for this batch (Thompson).
