@@ -288,7 +288,7 @@ class AdaptivePolicy(BasePolicy):
         if not spec.any():
             self._refit(outcome, d_ctx, spec)
             return
-        if spec.all() and self._uniform(d_ctx):  # one drafter, everyone drafted (batch 1): no masks
+        if spec.all() and d_ctx[0] >= 0 and self._uniform(d_ctx):  # one known drafter, everyone drafted: no masks
             i = int(d_ctx[0])
             self.pos[i].update(outcome.verified, outcome.accepted)
             self.req[i].ensure(int(outcome.slots.max()))
@@ -305,13 +305,15 @@ class AdaptivePolicy(BasePolicy):
             self.cat.update(outcome.category[spec], s[spec], t[spec])
         self._refit(outcome, d_ctx, spec)
         if self.bandit is not None:
-            self.bandit.update(outcome.slots[spec], d_ctx[spec], self._rewards(outcome, d_ctx)[spec])
+            mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
+            if mine.any():
+                self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
 
     def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""
         n = outcome.n
         verify_share = self.cost.verify_ms(outcome.ctx_lens.astype(np.float64), outcome.verified) / n
-        if self._uniform(d_ctx):
+        if d_ctx[0] >= 0 and self._uniform(d_ctx):
             d = self.cost.drafters[int(d_ctx[0])]
             share = verify_share + d.draft_ms(outcome.ctx_lens.astype(np.float64), outcome.drafted) / n
             return (outcome.accepted + 1) / max(share, 1e-9)

@@ -142,3 +142,26 @@ def test_adaptive_explores_a_drafter_in_proportion_to_its_chance_of_being_best()
     pol.pos[1].update(np.full(4000, 1), (np.arange(4000) % 20 != 0).astype(np.int64))
     assert pol.explore_probs(view, allowed)[1] > 0.9
     assert pol.explore_probs(view, np.array([True, False]))[1] == 0.0  # not run by the executor
+
+
+def test_adaptive_ignores_outcomes_of_a_drafter_it_does_not_know():
+    """An executor may draft with a drafter the plan lacks (its drafter index maps to -1): those
+    outcomes must not be credited to another drafter's acceptance or bandit arm."""
+    from control.plan import compile_plan
+    from control.policy import StepOutcome, StepView, build_policy
+    from tests.conftest import make_profile
+
+    pol = build_policy("adaptive", compile_plan(make_profile(), max_k=4))
+    n = 6
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 100),
+                          remaining=np.full(n, 50), drafters=("other", "draft", "ngram"), max_k=4,
+                          free_kv_slots=10**6, token_budget=4096, draft_lag=np.zeros((n, 3), dtype=np.int64), step=1)
+    pol.decide(view)
+    before = [p.trials.copy() for p in pol.pos]
+    k = np.full(n, 3)
+    pol.observe(StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=np.zeros(n, dtype=np.int64),
+                            ctx_lens=view.ctx_lens, drafted=k, verified=k, accepted=np.full(n, 2), verify_ms=10.0,
+                            draft_ms=2.0, total_ms=12.0, draft_passes=3, draft_ctx_tokens=600, draft_batched_tokens=18,
+                            step=1))
+    assert all((p.trials == b).all() for p, b in zip(pol.pos, before, strict=True))
+    assert pol.bandit.pool_cnt.sum() == 0
