@@ -1,7 +1,8 @@
 """Speed of the reference executor: speculative vs plain decoding, measured side by side in one run.
 
 For each batch size (default 1, 4, 16, 32) the same prompts run under plain decoding, fixed k for
-each k in --ks (the best of them is "best k", chosen in hindsight), and the adaptive policy, both
+each k in --ks and each drafter in --fixed-drafters (the best of them is "best fixed k", chosen in
+hindsight, per drafter and overall), and the adaptive policy, both
 choosing among all drafters ("adaptive") and restricted to the fixed-k drafter ("adaptive-1d"); each
 configuration's generated tokens per second is reported as a ratio to plain decoding at that batch
 size. "plain-fast" is plain decoding with the target's batch invariance off (no row padding, fused
@@ -80,20 +81,23 @@ def run_one(loaded, policy, batch: int, prompts, max_tokens: int, max_k: int, dr
             "tokens": [toks[i] for i in ids]}
 
 
-def policy_factories(loaded, profile, ks, max_k: int, drafter: str):
+def policy_factories(loaded, profile, ks, max_k: int, drafter: str, fixed_drafters: list[str]):
+    """Configurations by name: plain, fixed k for each drafter in ``fixed_drafters`` (``fixed:k`` for
+    the default drafter, ``fixed:k@name`` for the others), adaptive and adaptive-1d."""
     from control.executors.reference.engine import PlainDecoding
     from control.plan import compile_plan
     from control.policy import build_policy
 
     active = [n for n in loaded.drafters if n in profile.drafter_names]
 
-    def make(spec, drafters=active):
+    def make(spec, drafters=active, default=drafter):
         return lambda: build_policy(spec, compile_plan(profile, policy=spec, max_k=max_k, drafters=drafters,
-                                                       default_drafter=drafter))
+                                                       default_drafter=default))
 
     out = {"plain": PlainDecoding, "plain-fast": PlainDecoding}
-    for k in ks:
-        out[f"fixed:{k}"] = make(f"fixed:{k}")
+    for d in fixed_drafters:
+        for k in ks:
+            out[f"fixed:{k}" if d == drafter else f"fixed:{k}@{d}"] = make(f"fixed:{k}", [d], d)
     out["adaptive"] = make("adaptive")  # chooses k per request and step, and the drafter (bandit)
     out["adaptive-1d"] = make("adaptive", [drafter])  # chooses k only, with the fixed-k drafter
     return out
@@ -156,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
     ap.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (default 64)")
     ap.add_argument("--drafter", help="drafter for fixed k and the plan's default (default: first draft model)")
+    ap.add_argument("--fixed-drafters", default="all",
+                    help="drafters to run fixed k with, comma-separated, or 'all' (default) or 'default'")
     ap.add_argument("--profile", help="profile for the plans (default: stored for this engine, else measured)")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the median is reported")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
@@ -181,10 +187,21 @@ def main(argv=None) -> int:
         drafter = args.drafter or next(n for n, m in loaded.drafters.items() if hasattr(m, "config"))
         with console.status("profile for the plans"):
             profile = load_profile(args.profile) if args.profile else (find_profile(loaded) or quick_profile(loaded))
+        usable = [n for n in loaded.drafters if n in profile.drafter_names]
+        if args.fixed_drafters == "all":
+            fixed_drafters = usable
+        elif args.fixed_drafters == "default":
+            fixed_drafters = [drafter]
+        else:
+            fixed_drafters = [d.strip() for d in args.fixed_drafters.split(",") if d.strip()]
+            bad = [d for d in fixed_drafters if d not in usable]
+            if bad:
+                raise ValueError(f"--fixed-drafters: {', '.join(bad)} not among this engine's profiled drafters "
+                                 f"({', '.join(usable)}), 'all' or 'default'")
     except (SpecctlError, ValueError, StopIteration) as e:
         console.print(f"reference_speed: error: {e or 'the engine has no draft model'}")
         return 2
-    factories = policy_factories(loaded, profile, ks, max(ks), drafter)
+    factories = policy_factories(loaded, profile, ks, max(ks), drafter, fixed_drafters)
     prompts_all = stdlib_prompts(loaded, max(batches), args.prompt_len)
     run_one(loaded, factories["plain"](), 1, prompts_all[:1], 8, max(ks), drafter)  # warm-up
     results: dict[int, dict[str, list[dict]]] = {b: {name: [] for name in factories} for b in batches}
@@ -208,12 +225,19 @@ def main(argv=None) -> int:
                        if name != "plain-fast")
         fixed = {n: v for n, v in med.items() if n.startswith("fixed:")}
         best = max(fixed, key=fixed.get)
+        per_drafter = {}
+        for d in fixed_drafters:
+            mine = {n: v for n, v in fixed.items() if (n.split("@")[1] if "@" in n else drafter) == d}
+            b_d = max(mine, key=mine.get)
+            per_drafter[d] = {"config": b_d, "k": int(b_d.split(":")[1].split("@")[0]), "ratio": round(mine[b_d] / plain, 3)}
         ad = results[b]["adaptive"]
         rows.append({
             "batch": b, "plain_tok_s": round(plain, 2),
             "ratios": {n: round(v / plain, 3) for n, v in med.items()},
             "best_fixed": best, "best_fixed_ratio": round(fixed[best] / plain, 3),
+            "best_fixed_per_drafter": per_drafter,
             "adaptive_ratio": round(med["adaptive"] / plain, 3),
+            "adaptive_vs_best_fixed": round(med["adaptive"] / fixed[best], 3),
             "adaptive_1d_ratio": round(med["adaptive-1d"] / plain, 3),
             "adaptive_1d_mean_k": round(statistics.median(r["mean_k"] for r in results[b]["adaptive-1d"]), 2),
             "plain_fast_ratio": round(med["plain-fast"] / plain, 3),
@@ -227,17 +251,17 @@ def main(argv=None) -> int:
             "lossless": lossless,
         })
     table = Table(title=f"reference executor, {loaded.name}: generated tokens/s relative to plain decoding "
-                        f"(drafter {drafter}, {args.max_tokens} tokens, {args.threads} threads)")
-    for col in ("batch", "plain tok/s", "plain-fast", *[f"fixed:{k}" for k in ks], "best k", "adaptive",
-                "adaptive k", "adaptive-1d", "adaptive-1d k", "accept (best k)", "best k / plain-fast",
+                        f"({args.max_tokens} tokens, {args.threads} threads, median of {args.repeats})")
+    for col in ("batch", "plain tok/s", "plain-fast", *[f"best fixed {d}" for d in fixed_drafters], "best fixed",
+                "adaptive", "adaptive / best fixed", "adaptive k", f"adaptive-1d ({drafter})",
                 "adaptive / plain-fast", "policy share (adaptive)", "lossless"):
         table.add_column(col, justify="right")
     for r in rows:
+        pd = r["best_fixed_per_drafter"]
         table.add_row(str(r["batch"]), f"{r['plain_tok_s']:.1f}", f"{r['plain_fast_ratio']:.2f}x",
-                      *[f"{r['ratios'][f'fixed:{k}']:.2f}x" for k in ks],
-                      r["best_fixed"], f"{r['adaptive_ratio']:.2f}x", f"{r['adaptive_mean_k']:.2f}",
-                      f"{r['adaptive_1d_ratio']:.2f}x", f"{r['adaptive_1d_mean_k']:.2f}",
-                      f"{r['acceptance'][r['best_fixed']]:.2f}", f"{r['best_fixed_vs_plain_fast']:.2f}x",
+                      *[f"k={pd[d]['k']} {pd[d]['ratio']:.2f}x" for d in fixed_drafters],
+                      r["best_fixed"], f"{r['adaptive_ratio']:.2f}x", f"{r['adaptive_vs_best_fixed']:.2f}",
+                      f"{r['adaptive_mean_k']:.2f}", f"{r['adaptive_1d_ratio']:.2f}x",
                       f"{r['adaptive_vs_plain_fast']:.2f}x", f"{100 * r['policy_share_adaptive']:.2f}%",
                       "yes" if r["lossless"] else "NO")
     Console(width=200).print(table)

@@ -89,6 +89,7 @@ class PositionRates:
         if max_k < 1:
             raise ConfigError(f"max_k = {max_k!r}: must be >= 1")
         self.max_k = max_k
+        self._cache = None
         self.set_prior(prior)
         self.prior_trials = prior_trials
         self.decay = decay
@@ -97,29 +98,57 @@ class PositionRates:
         self._pos = np.arange(max_k)
 
     def update(self, verified: np.ndarray, accepted: np.ndarray) -> None:
-        tried = np.minimum(np.asarray(accepted) + 1, np.asarray(verified))
-        t = (self._pos[None, :] < tried[:, None]).sum(axis=0)
-        s = (self._pos[None, :] < np.asarray(accepted)[:, None]).sum(axis=0)
+        accepted = np.asarray(accepted)
+        tried = np.minimum(accepted + 1, np.asarray(verified))
+        # trials at position j = #requests that tried more than j positions: a reverse cumulative
+        # histogram (no (n, K) comparison matrix on the per-step path)
+        K = self.max_k
+        t = np.bincount(np.minimum(tried, K), minlength=K + 1)[::-1].cumsum()[::-1][1:]
+        s = np.bincount(np.minimum(accepted, K), minlength=K + 1)[::-1].cumsum()[::-1][1:]
         self.trials *= self.decay
         self.succ *= self.decay
         self.trials += t
         self.succ += s
+        self._cache = None
 
     def set_prior(self, prior) -> None:
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (self.max_k,)).copy()
         for v in p:
             _check_rate("prior", float(v))
         self.prior = p
+        self._cache = None
+
+    def _estimates(self) -> tuple[np.ndarray, float, np.ndarray, float, float]:
+        """(rates, mean_rate, odds of the clipped rates, total successes, total trials), recomputed
+        only after an update."""
+        if self._cache is None:
+            pt = self.prior_trials
+            rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), 0.999)
+            s_all, t_all = float(self.succ.sum()), float(self.trials.sum())
+            mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), 0.999)
+            c = np.clip(rates, 1e-6, 1 - 1e-6)
+            self._cache = (rates, mean, c / (1.0 - c), s_all, t_all)
+        return self._cache
+
+    @property
+    def totals(self) -> tuple[float, float]:
+        """(successes, trials) summed over positions (decayed counts, no prior)."""
+        e = self._estimates()
+        return e[3], e[4]
 
     @property
     def rates(self) -> np.ndarray:
-        return np.minimum((self.succ + self.prior * self.prior_trials) / (self.trials + self.prior_trials), 0.999)
+        return self._estimates()[0]
 
     @property
     def mean_rate(self) -> float:
         """Pooled rate over all positions (trials-weighted; the first position's prior when empty)."""
-        t = self.trials.sum() + self.prior_trials
-        return float(min((self.succ.sum() + self.prior[0] * self.prior_trials) / t, 0.999))
+        return self._estimates()[1]
+
+    @property
+    def odds(self) -> np.ndarray:
+        """rates / (1 - rates), rates clipped to (0, 1): what ``request_position_survival`` multiplies."""
+        return self._estimates()[2]
 
 
 class RequestBeta:
@@ -195,15 +224,19 @@ def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, pooled_rate: float) -> np.ndarray:
+def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, pooled_rate: float,
+                              position_odds: np.ndarray | None = None) -> np.ndarray:
     """Survival p[r, j] combining a request's own rate with the global per-position shape.
 
     logit(a[r, j]) = logit(position_rate[j]) + logit(request_rate[r]) - logit(pooled_rate): the
     request's rate shifts the whole per-position curve, which keeps its decay along the draft.
-    Computed as a product of odds (no log/exp on the hot path). Shape (n, K).
+    Computed as a product of odds (no log/exp on the hot path); ``position_odds`` (the clipped
+    position rates' odds, e.g. ``PositionRates.odds``) saves recomputing them. Shape (n, K).
     """
-    pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
+    if position_odds is None:
+        pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
+        position_odds = pos / (1.0 - pos)
     pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
     r = np.clip(request_rate, 1e-6, 1 - 1e-6)
-    odds = (pos / (1.0 - pos))[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
+    odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
     return np.cumprod(odds / (1.0 + odds), axis=1)

@@ -269,6 +269,8 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
         else:
             mc[sel] = t_plain.b
     p = np.where(valid, surv, 0.0)
+    if n == 1 and len(groups) == 1:
+        return _admit_one(cost, ctx, surv, int(cap[0]), cons, groups[0][0], mc[0], p[0], plain, drafter, lag)
     g = n / plain if g0 is None or not g0 > 0 else float(g0)
     best = (zero, float(n), plain)
     single = len(groups) == 1 and isinstance(groups[0][1], slice)
@@ -310,6 +312,26 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
         return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
     nxt = np.take_along_axis(mc, np.minimum(k, K - 1)[:, None], axis=1)[:, 0]
     return Choice(k, tokens, t, plain, next_cost=nxt)
+
+
+def _admit_one(cost, ctx, surv, cap: int, cons: Constraints, d, mc: np.ndarray, p: np.ndarray, plain: float,
+               drafter, lag) -> Choice:
+    """One request, one drafter: the optimum by enumerating k = 0..cap (what Dinkelbach converges
+    to, without its iterations: the batch-1 step is where the policy's own cost shows most)."""
+    K = p.shape[0]
+    kk = np.arange(1, cap + 1)
+    tokens = 1.0 + np.cumsum(p[:cap])
+    times = plain + np.cumsum(mc[:cap]) + d.depth_ms * kk + d.const_ms
+    g = tokens / times
+    j = int(np.argmax(g)) if cap else 0
+    if cap == 0 or g[j] <= 1.0 / plain:
+        k, tok, t = 0, 1.0, plain
+    else:
+        k, tok, t = j + 1, float(tokens[j]), float(times[j])
+    if k and (k > cons.free_kv_slots or 1 + k > cons.token_budget or (
+            cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms()))):
+        return admit_slots(cost, ctx, surv, np.array([cap]), cons, drafter, lag)
+    return Choice(np.array([k], dtype=np.int64), tok, t, plain, next_cost=mc[min(k, K - 1): min(k, K - 1) + 1].copy())
 
 
 def confidence_cuts(cost: StepCostModel, ctx, choice: Choice, drafter=None) -> np.ndarray:

@@ -3,7 +3,9 @@
 Per step:
 1. The gate (hysteresis on batch size, dwell, periodic retune from the live cost model) decides
    whether to consider speculation at all; while off the draft prefill is skipped.
-2. The drafter bandit (SPIN) picks each request's drafter when several are active.
+2. The drafter bandit (SPIN) picks each request's drafter when several are active; its exploration
+   draws each drafter with its posterior probability of being the best (Thompson sampling on the
+   pooled acceptance, the profile's rate as a prior, mapped to goodput through the cost model).
 3. Survival p[r, j] combines the request's own Beta-posterior rate (shrunk to its category's or the
    drafter's pooled rate) with the drafter's per-position acceptance curve.
 4. ``admit_parametric`` picks per-request k maximising (n + sum admitted p) / T with the live cost
@@ -27,7 +29,7 @@ from control.goodput.estimators import (
     request_position_survival,
 )
 from control.goodput.optimizer import Choice, Constraints, admit_parametric, slo_ok
-from control.goodput.stepcost import DrafterCost, StepCostModel
+from control.goodput.stepcost import DrafterCost, StepCostModel, uniform_step_ms
 from control.plan import threshold_batch
 from control.policy.bandit import DrafterBandit
 from control.policy.base import I64, BasePolicy, PolicyContext
@@ -36,6 +38,11 @@ from control.policy.types import Decision, StepOutcome, StepView
 
 REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
 PROBE_TRIALS = 32  # first-position trials below which a drafter counts as unmeasured (probed while exploring)
+PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploration posterior: its Beta has
+# a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
+THOMPSON_SAMPLES = 32  # posterior draws per exploring step
+EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of being best stays above this:
+# below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
 
 
 class AdaptivePolicy(BasePolicy):
@@ -62,12 +69,18 @@ class AdaptivePolicy(BasePolicy):
         self.gate = Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps)
         self._zero_run = 0
         self._g: float | None = None  # last step's predicted goodput: the optimiser's warm start
+        self._rng = np.random.default_rng(self._seed)
+        self._kk = np.arange(K + 1, dtype=np.float64)
+        self._steps_key: tuple | None = None
+        self._steps = np.zeros(0)
         b = ctx.bandit
         caps = None
         if b.capacities:
             caps = [b.capacities.get(d, 1 << 30) for d in ctx.drafters]
         self.bandit = (DrafterBandit(m, caps, b.explore_slots, b.chunk_slots, b.switch_cost_weight,
                                      b.max_exploit_slots, seed=self._seed) if (m > 1 and b.enabled) else None)
+        if self.bandit is not None:
+            self.bandit.keep_p = EXPLORE_KEEP
 
     def update_context(self, ctx: PolicyContext) -> None:
         same_drafters = ctx.drafters == self.ctx.drafters and ctx.max_k == self.ctx.max_k
@@ -87,16 +100,25 @@ class AdaptivePolicy(BasePolicy):
         return self.pos[i].mean_rate
 
     def survival(self, view: StepView, d_ctx: np.ndarray) -> np.ndarray:
+        if self._uniform(d_ctx):  # one drafter for the whole batch (always so at batch 1): no masks
+            return self._survival_of(int(d_ctx[0]), view.slots, view.category)
         surv = np.empty((view.n, self.K))
         for i in range(len(self.ctx.drafters)):
             sel = d_ctx == i
             if not sel.any():
                 continue
-            pooled = self.pooled_rate(i)
-            prior = pooled if view.category is None else self.cat.rates(view.category[sel], pooled)
-            rate = self.req[i].mean(view.slots[sel], prior)
-            surv[sel] = request_position_survival(rate, self.pos[i].rates, pooled)
+            surv[sel] = self._survival_of(i, view.slots[sel], None if view.category is None else view.category[sel])
         return surv
+
+    def _survival_of(self, i: int, slots: np.ndarray, category: np.ndarray | None) -> np.ndarray:
+        pos = self.pos[i]
+        pooled = pos.mean_rate
+        prior = pooled if category is None else self.cat.rates(category, pooled)
+        return request_position_survival(self.req[i].mean(slots, prior), pos.rates, pooled, pos.odds)
+
+    @staticmethod
+    def _uniform(d: np.ndarray) -> bool:
+        return d.size == 1 or bool((d == d[0]).all())
 
     def reset_slots(self, slots: np.ndarray) -> None:
         for r in self.req:
@@ -121,9 +143,17 @@ class AdaptivePolicy(BasePolicy):
             return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
                             prefill_draft=False)
         if self.bandit is not None:
-            lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
-            switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
-            d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=self._to_exec >= 0)
+            switch_cost = None
+            if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
+                lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
+                switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
+            allowed = self._to_exec >= 0
+            b = self.bandit
+            if b.exploring:
+                # fresh every exploring step, so a drafter that stops winning is dropped at once (the
+                # favourite too: the profile's favourite can be the one that fails on this workload)
+                b.explore_p = self.explore_probs(view, allowed)
+            d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)
         else:
             d_ctx = np.full(n, self.ctx.default, dtype=I64)
         d_exec = self.exec_drafter(d_ctx)
@@ -136,7 +166,7 @@ class AdaptivePolicy(BasePolicy):
                                   lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
         self._g = choice.goodput
         if self.bandit is not None and self.bandit.exploring:
-            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx)
+            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv)
         if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any():
             # Speculation did not pay for requests whose drafts are in sync: evidence about the batch
             # size. (A zero that only reflects catch-up costs says nothing about the batch size.)
@@ -153,10 +183,47 @@ class AdaptivePolicy(BasePolicy):
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
 
-    def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray):
+    def explore_probs(self, view: StepView, allowed: np.ndarray) -> np.ndarray:
+        """Each drafter's posterior probability of giving the best goodput for this batch (Thompson).
+
+        Pooled acceptance per drafter ~ Beta(successes + prior * w, failures + (1 - prior) * w) with
+        the profile's rate as the prior worth w = PRIOR_TRIALS trials (drawn from its normal
+        approximation); each draw is mapped to the drafter's best uniform-k goodput under the live
+        cost model at the batch's size and mean context, and a drafter's probability is the share
+        of draws in which it wins. A drafter the
+        profile rates far below another, or that measured poorly, is seldom drawn; one that might
+        win still is, with a probability that falls as its measurements rule it out.
+        """
+        m, K, n = len(self.ctx.drafters), self.K, view.n
+        st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials
+        a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS
+        t = st[:, 1] + PRIOR_TRIALS
+        mean = a / t
+        # Beta(a, t - a) by its normal approximation (a Beta draw costs more than the rest together;
+        # with >= PRIOR_TRIALS pseudo-trials the two are close where it matters)
+        sd = np.sqrt(mean * (1.0 - mean) / (t + 1.0))
+        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, 0.999)
+        ctx = int(view.ctx_lens.mean()) >> 4  # step times per 16-token context bucket, cached per cost model
+        key = (n, ctx, id(self.cost))
+        if self._steps_key != key:
+            kk = np.arange(K + 1, dtype=np.float64)
+            self._steps = 1.0 / np.stack([uniform_step_ms(self.cost, n, 16.0 * ctx + 8.0, kk, drafter=i)
+                                          for i in range(m)])  # (m, K+1): 1 / step ms
+            self._steps_key = key
+        # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
+        tokens = (1.0 - np.power.outer(rate, self._kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
+        best = (tokens * self._steps).max(axis=2)
+        if not allowed.all():
+            best[:, ~allowed] = -np.inf
+        return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+    def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray,
+                          surv: np.ndarray):
         """While the bandit explores, a request put on a drafter with almost no measured acceptance
         drafts one token even where the prior says it does not pay: otherwise a pessimistic prior is
         never tested, the drafter's requests never speculate and the bandit never sees a reward."""
+        if not (choice.k == 0).any():
+            return choice
         unmeasured = np.array([p.trials[0] < PROBE_TRIALS for p in self.pos])
         probe = (choice.k == 0) & (cap > 0) & (lag == 0) & unmeasured[d_ctx]
         room = min(int(view.free_kv_slots), int(view.token_budget) - view.n) - int(choice.k.sum())
@@ -164,7 +231,6 @@ class AdaptivePolicy(BasePolicy):
             return choice
         probe &= np.cumsum(probe) <= room
         k = np.where(probe, 1, choice.k)
-        surv = self.survival(view, d_ctx)
         tokens = float(view.n + np.where(np.arange(surv.shape[1])[None, :] < k[:, None], surv, 0.0).sum())
         step = self.cost.step_ms(view.ctx_lens, k, d_ctx, lag)
         c = self.ctx.cons
@@ -219,23 +285,38 @@ class AdaptivePolicy(BasePolicy):
         d_ctx = self._to_ctx[outcome.drafter] if self._to_ctx.size else np.full(outcome.n, self.ctx.default, dtype=I64)
         s, t = chain_trials(outcome.verified, outcome.accepted)
         spec = outcome.verified > 0
-        for i in range(len(self.ctx.drafters)):
-            sel = spec & (d_ctx == i)
-            if not sel.any():
-                continue
-            self.pos[i].update(outcome.verified[sel], outcome.accepted[sel])
-            self.req[i].ensure(int(outcome.slots[sel].max()))
-            self.req[i].update(outcome.slots[sel], s[sel], t[sel])
-        if outcome.category is not None and spec.any():
+        if not spec.any():
+            self._refit(outcome, d_ctx, spec)
+            return
+        if spec.all() and d_ctx[0] >= 0 and self._uniform(d_ctx):  # one known drafter, everyone drafted: no masks
+            i = int(d_ctx[0])
+            self.pos[i].update(outcome.verified, outcome.accepted)
+            self.req[i].ensure(int(outcome.slots.max()))
+            self.req[i].update(outcome.slots, s, t)
+        else:
+            for i in range(len(self.ctx.drafters)):
+                sel = spec & (d_ctx == i)
+                if not sel.any():
+                    continue
+                self.pos[i].update(outcome.verified[sel], outcome.accepted[sel])
+                self.req[i].ensure(int(outcome.slots[sel].max()))
+                self.req[i].update(outcome.slots[sel], s[sel], t[sel])
+        if outcome.category is not None:
             self.cat.update(outcome.category[spec], s[spec], t[spec])
         self._refit(outcome, d_ctx, spec)
-        if self.bandit is not None and spec.any():
-            self.bandit.update(outcome.slots[spec], d_ctx[spec], self._rewards(outcome, d_ctx)[spec])
+        if self.bandit is not None:
+            mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
+            if mine.any():
+                self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
 
     def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""
         n = outcome.n
         verify_share = self.cost.verify_ms(outcome.ctx_lens.astype(np.float64), outcome.verified) / n
+        if d_ctx[0] >= 0 and self._uniform(d_ctx):
+            d = self.cost.drafters[int(d_ctx[0])]
+            share = verify_share + d.draft_ms(outcome.ctx_lens.astype(np.float64), outcome.drafted) / n
+            return (outcome.accepted + 1) / max(share, 1e-9)
         share = np.full(n, verify_share)
         for i, d in enumerate(self.cost.drafters):
             sel = d_ctx == i

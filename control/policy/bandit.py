@@ -9,6 +9,14 @@ drafter (the KV it must recompute on the new drafter).
 
 A "slot" is one engine step. Requests come and go: state is kept per executor slot and reset when
 a new request takes it; a request with no estimate for a drafter uses that drafter's pooled mean.
+
+Exploration draws drafters uniformly (SPIN) unless the owner sets ``explore_p``: then each draw
+follows those probabilities, and a request whose drafter's probability has fallen to ``keep_p`` or
+below is re-drawn at once instead of at the chunk's end. The adaptive policy sets them to each drafter's
+posterior probability of being the best (Thompson sampling on acceptance through the cost model),
+so a drafter that the profile and the outcomes so far make clearly worse is not tried for whole
+chunks of steps: SPIN assumes no prior, and uniform exploration of a dominated drafter costs more
+than it can teach (on a short run at batch 1 it was the whole run).
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ class DrafterBandit:
         self.pool_cnt = np.zeros(n_drafters)
         self.switches = 0
         self._allowed: np.ndarray | None = None  # drafters the executor runs now (None: all)
+        self.explore_p: np.ndarray | None = None  # exploration draw probabilities (None: uniform)
+        self.keep_p = 0.0  # mid-chunk, a request whose drafter's explore_p <= keep_p is re-drawn
 
     # -- state -----------------------------------------------------------------------------------
     def _ensure(self, max_slot: int) -> None:
@@ -76,9 +86,19 @@ class DrafterBandit:
         cap = np.full(self.m, n, dtype=I64) if self.cap is None else np.minimum(self.cap, n)
         return cap if self._allowed is None else np.where(self._allowed, cap, 0)
 
+    def draws_next(self) -> bool:
+        """Whether the next ``assign`` starts an exploration chunk (draws drafters at random)."""
+        return self.exploring and self.t_stage % self.beta == 0
+
     def _random(self, n: int) -> np.ndarray:
         cap = self._capacity(n)
-        if self._allowed is None:
+        p = None
+        if self.explore_p is not None:
+            p = np.where(self._allowed, self.explore_p, 0.0) if self._allowed is not None else self.explore_p
+            p = p / p.sum() if p.sum() > 0 else None
+        if p is not None:
+            choice = self.rng.choice(self.m, size=n, p=p).astype(I64)
+        elif self._allowed is None:
             choice = self.rng.integers(0, self.m, size=n)
         else:
             choice = self.rng.choice(np.flatnonzero(self._allowed), size=n).astype(I64)
@@ -140,6 +160,9 @@ class DrafterBandit:
             missing = cur < 0
             if self._allowed is not None:
                 missing |= ~self._allowed[np.maximum(cur, 0)]
+            if self.exploring and self.explore_p is not None:
+                # a drafter whose chance has fallen to keep_p or below is dropped at once, not at the chunk's end
+                missing |= self.explore_p[np.maximum(cur, 0)] <= self.keep_p
             if missing.any():  # requests that arrived mid-chunk or mid-stage
                 if self.exploring:
                     new[missing] = self._random(int(missing.sum()))
@@ -161,12 +184,13 @@ class DrafterBandit:
         return new
 
     def update(self, slots: np.ndarray, drafter: np.ndarray, reward: np.ndarray) -> None:
-        """Record per-request goodput ``reward`` observed on ``drafter`` this slot."""
+        """Record per-request goodput ``reward`` observed on ``drafter`` this slot (distinct slots)."""
         slots = np.asarray(slots, dtype=I64)
         if slots.size == 0:
             return
         self._ensure(int(slots.max()))
-        np.add.at(self.g_sum, (slots, drafter), reward)
-        np.add.at(self.g_cnt, (slots, drafter), 1.0)
-        np.add.at(self.pool_sum, drafter, reward)
-        np.add.at(self.pool_cnt, drafter, 1.0)
+        # slots are distinct within a step (one outcome per request): plain fancy-index adds suffice
+        self.g_sum[slots, drafter] += reward
+        self.g_cnt[slots, drafter] += 1.0
+        self.pool_sum += np.bincount(drafter, weights=reward, minlength=self.m)
+        self.pool_cnt += np.bincount(drafter, minlength=self.m)

@@ -96,3 +96,72 @@ def test_bandit_prefers_not_switching_when_switching_is_costly():
         a = cheap.assign(slots, np.full((n, m), 10.0))
         cheap.update(slots, a, np.where(a == 1, 1.05, 1.0))
     assert exploit_switches < cheap.switches - before_cheap
+
+
+def test_bandit_explores_with_the_given_probabilities_and_only_allowed_drafters():
+    b = DrafterBandit(3, None, explore_slots=8, chunk_slots=1, seed=0)
+    b.explore_p = np.array([0.0, 0.9, 0.1])
+    slots = np.arange(200)
+    counts = np.zeros(3)
+    for _ in range(8):
+        assert b.draws_next()
+        counts += np.bincount(b.assign(slots), minlength=3)
+    assert counts[0] == 0 and counts[1] > 5 * counts[2] > 0
+    # a drafter the executor does not run is never drawn, whatever its probability
+    b2 = DrafterBandit(3, None, explore_slots=8, chunk_slots=1, seed=0)
+    b2.explore_p = np.array([0.0, 0.9, 0.1])
+    a = b2.assign(slots, allowed=np.array([True, False, True]))
+    assert set(np.unique(a)) == {2}
+
+
+def _adaptive_two_drafters(acceptance, n=4):
+    from control.plan import compile_plan
+    from control.policy import StepView, build_policy
+    from tests.conftest import make_profile
+
+    pol = build_policy("adaptive", compile_plan(make_profile(acceptance=acceptance), max_k=8))
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 300),
+                          remaining=np.full(n, 100), drafters=("draft", "ngram"), max_k=8, free_kv_slots=10**6,
+                          token_budget=8192, draft_lag=np.zeros((n, 2), dtype=np.int64), step=1)
+    pol.decide(view)
+    return pol, view
+
+
+def test_adaptive_explores_a_drafter_in_proportion_to_its_chance_of_being_best():
+    allowed = np.array([True, True])
+    pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
+    rival = pol.explore_probs(view, allowed)
+    assert np.isclose(rival.sum(), 1.0) and 0.1 < rival[1] < 0.9  # a plausible rival is explored
+    pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.05})
+    assert pol.explore_probs(view, allowed)[1] < 0.05  # a drafter the profile rates hopeless is not
+    # measurements move it: the rival measured at 0.2 over 400 trials is dropped
+    pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
+    pol.pos[1].update(np.full(400, 1), (np.arange(400) % 5 == 0).astype(np.int64))
+    assert pol.explore_probs(view, allowed)[1] < 0.05
+    # ... and measured at 0.95 it wins
+    pol.pos[1].update(np.full(4000, 1), (np.arange(4000) % 20 != 0).astype(np.int64))
+    assert pol.explore_probs(view, allowed)[1] > 0.9
+    assert pol.explore_probs(view, np.array([True, False]))[1] == 0.0  # not run by the executor
+
+
+def test_adaptive_ignores_outcomes_of_a_drafter_it_does_not_know():
+    """An executor may draft with a drafter the plan lacks (its drafter index maps to -1): those
+    outcomes must not be credited to another drafter's acceptance or bandit arm."""
+    from control.plan import compile_plan
+    from control.policy import StepOutcome, StepView, build_policy
+    from tests.conftest import make_profile
+
+    pol = build_policy("adaptive", compile_plan(make_profile(), max_k=4))
+    n = 6
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 100),
+                          remaining=np.full(n, 50), drafters=("other", "draft", "ngram"), max_k=4,
+                          free_kv_slots=10**6, token_budget=4096, draft_lag=np.zeros((n, 3), dtype=np.int64), step=1)
+    pol.decide(view)
+    before = [p.trials.copy() for p in pol.pos]
+    k = np.full(n, 3)
+    pol.observe(StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=np.zeros(n, dtype=np.int64),
+                            ctx_lens=view.ctx_lens, drafted=k, verified=k, accepted=np.full(n, 2), verify_ms=10.0,
+                            draft_ms=2.0, total_ms=12.0, draft_passes=3, draft_ctx_tokens=600, draft_batched_tokens=18,
+                            step=1))
+    assert all((p.trials == b).all() for p, b in zip(pol.pos, before, strict=True))
+    assert pol.bandit.pool_cnt.sum() == 0

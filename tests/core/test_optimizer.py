@@ -176,3 +176,21 @@ def test_confidence_cut_is_the_marginal_break_even():
     dT = cost.target.b + cost.drafters[0].model.a * (ctx[0] + choice.k[0]) + cost.drafters[0].model.b
     assert cut[0] == pytest.approx(choice.goodput * dT)
     assert ((choice.tokens + cut[0]) / (choice.step_ms + dT)) == pytest.approx(choice.goodput)
+
+
+def test_admit_parametric_at_batch_1_is_the_best_k_by_enumeration():
+    """The one-request fast path must agree with the cost model's own best k, for each drafter kind."""
+    from control.goodput.optimizer import admit_parametric
+
+    rng = np.random.default_rng(0)
+    for prof_args in ({}, {"target": (5e-5, 0.0105, 5.0), "draft": (1.3e-5, 0.0013, 1.1)}):
+        cost = make_profile(**prof_args).step_cost(["draft", "ngram"])
+        for _ in range(200):
+            ctx = rng.integers(10, 3000, 1).astype(float)
+            surv = chain_survival(rng.beta(3, 2, 1), 8)
+            cap = rng.integers(0, 9, 1)
+            d = np.array([rng.integers(0, 2)])
+            c = admit_parametric(cost, ctx, surv, cap, Constraints(), drafter=d)
+            good = [(1 + surv[0, :k].sum()) / cost.step_ms(ctx, np.array([k]), d) for k in range(int(cap[0]) + 1)]
+            assert c.goodput >= max(good) * (1 - 1e-9) and c.k[0] <= cap[0]
+            assert np.isclose(c.step_ms, cost.step_ms(ctx, c.k, d))
