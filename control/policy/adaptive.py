@@ -58,6 +58,7 @@ class AdaptivePolicy(BasePolicy):
         m = len(ctx.drafters)
         K = max(ctx.max_k, 1)
         self.K = K
+        self._pos_idx = np.arange(K)[None, :]  # draft positions, for masks over (n, K) arrays
         self.pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(m)]
         self.req = [RequestBeta(self._strength) for _ in range(m)]
         self.cat = CategoryRates(8)
@@ -162,9 +163,13 @@ class AdaptivePolicy(BasePolicy):
         surv = self.survival(view, d_ctx)
         c = self.ctx.cons
         cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
-        choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx,
-                                  lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
-        self._g = choice.goodput
+        w = self._residence_weights(view)
+        choice = admit_parametric(self.cost, view.ctx_lens, surv if w is None else surv * w[:, None], cap, cons,
+                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
+        g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
+        if w is not None:  # report the prediction in plain tokens
+            taken = self._pos_idx < choice.k[:, None]
+            choice = Choice(choice.k, n + float(surv[taken].sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
             choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv)
         if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any():
@@ -177,8 +182,8 @@ class AdaptivePolicy(BasePolicy):
             self._zero_run = 0
         conf_cut = None
         if choice.next_cost is not None and self.ctx.confidences[d_ctx].any():
-            # one more token of confidence p pays iff p > the request's own goodput * its marginal cost
-            cuts = choice.goodput * choice.next_cost * self._own_goodput_ratio(view, choice, surv)
+            # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
+            cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
             conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
@@ -239,28 +244,25 @@ class AdaptivePolicy(BasePolicy):
             return choice
         return Choice(k, tokens, step, choice.plain_ms)
 
-    def _own_goodput_ratio(self, view: StepView, choice, surv: np.ndarray) -> np.ndarray:
-        """Each request's own expected goodput relative to the batch's, for its confidence cut.
+    def _residence_weights(self, view: StepView) -> np.ndarray | None:
+        """Value of an accepted token per request, relative to the batch mean (None: all equal).
 
-        A request pays its own KV read every step it stays in the batch (a * ctx, MagicDec's
-        long-context cost) and shares the pass's fixed cost. Cutting its draft short raises this
-        step's goodput but keeps the request, and its KV read, in the batch for more steps, so one
-        more token is worth drafting when it beats the request's own tokens per ms, not the batch's:
-        long-context requests keep drafting, short ones cut sooner. Returns G_i / G per request.
+        An accepted token ends its request one step sooner, and each step a request stays it costs
+        its own KV read (a * ctx), its verify token (b) and a share of the pass's fixed cost. So a
+        token of a long-context request frees more future step time than one of a short request;
+        the per-step ratio (n + sum p) / T counts them alike and under-drafts long contexts
+        (the simulator's Mooncake runs: docs/sim-results.md). Weighting each request's survival by
+        its per-step residence cost makes the step objective count future time saved.
         """
         n = view.n
+        if n < 2:
+            return None
         t = self.cost.target
-        ctx = view.ctx_lens.astype(np.float64)
-        shared = (t.c + self.cost.overhead_ms) / n
-        own_ms = t.a * ctx + t.b * (choice.k + 1) + shared
-        csum = np.concatenate([np.zeros((n, 1)), np.cumsum(surv, axis=1)], axis=1)
-        own_tok = 1.0 + np.take_along_axis(csum, np.minimum(choice.k, surv.shape[1])[:, None], axis=1)[:, 0]
-        g_batch = choice.goodput
-        if g_batch <= 0:
-            return np.ones(n)
-        # the request's share of the drafting is roughly its slots' cost: include it as the batch does
-        dshare = (choice.step_ms - choice.plain_ms) * choice.k / max(int(choice.k.sum()), 1)
-        return (own_tok / (own_ms + dshare)) / g_batch
+        ctx = view.ctx_lens
+        if t.a <= 0.0 or ctx.min() == ctx.max():
+            return None
+        own = t.a * ctx + (t.b + (t.c + self.cost.overhead_ms) / n)
+        return own * (n / float(own.sum()))
 
     @staticmethod
     def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:

@@ -95,3 +95,21 @@ def test_adaptive_cuts_long_context_drafts_later_than_short_ones():
     assert long.any() and short.any()
     assert np.all(d.conf_cut[long] < batch_cut[long])
     assert np.all(d.conf_cut[short] > batch_cut[short])
+
+
+def test_adaptive_values_tokens_of_long_context_requests_by_their_residence_cost():
+    """An accepted token of a request that reads 60k tokens of KV every step frees more future step
+    time than one of a 300-token request. Drafting for the long ones costs more too (the draft reads
+    their context); valued per step alike, their tokens lost and they never drafted, which
+    under-drafted long contexts on the simulator's Mooncake runs (docs/sim-results.md)."""
+    prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
+    plan = compile_plan(prof, max_k=8, drafters=["draft"])
+    n = 16
+    long = np.arange(n) < 4
+    ctx = np.where(long, 60000, 300)
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=ctx, remaining=np.full(n, 300),
+                          drafters=("draft",), max_k=8, free_kv_slots=10**7, token_budget=8192, step=1)
+    d = build_policy("adaptive", plan).decide(view)
+    assert d.k[long].min() >= 1 and d.k[~long].min() >= 1
+    # the prediction stays in plain tokens: n bonus tokens plus expected accepted drafts, below n + sum k
+    assert n < d.predicted_tokens < n + d.k.sum()
