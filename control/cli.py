@@ -25,6 +25,7 @@ COMMANDS = {
     "roofline": "control.commands.roofline",
     "sim": "control.commands.sim",
     "profile": "control.commands.profile",
+    "serve": "control.commands.serve",
 }
 
 
