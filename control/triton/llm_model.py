@@ -383,4 +383,9 @@ class LlmModel:
         if self.agent is not None:
             doc["agent"] = self.agent.stats().to_dict()
             doc["plan_version"] = self.agent.plan.version
+            # The newest plan the agent has received: it is applied at the next step, so an idle
+            # instance shows here what its next request will run under.
+            pending = getattr(self.agent, "_pending", None)
+            newest = pending.plan if pending is not None else self.agent.plan
+            doc["plan_received"] = {"policy": newest.policy, "version": newest.version, "max_k": newest.max_k}
         return doc
