@@ -62,7 +62,7 @@ def test_wrong_dtype_over_grpc_is_rejected_and_others_keep_being_served(deployme
             yield {"model_name": "llm", "inputs": [t, m]}
 
         try:
-            async for res, err in client.stream_infer(one()):
+            async for _res, err in client.stream_infer(one()):
                 return err
         finally:
             await client.close()
