@@ -26,6 +26,7 @@ COMMANDS = {
     "sim": "control.commands.sim",
     "profile": "control.commands.profile",
     "serve": "control.commands.serve",
+    "bench": "control.commands.bench",
 }
 
 

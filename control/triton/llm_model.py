@@ -46,6 +46,7 @@ log = logging.getLogger("specctl.triton.llm")
 INPUT_NAMES = ("text_input", "input_ids", "max_tokens", "stream", "temperature", "top_k", "top_p", "random_seed",
                "stop_words", "bad_words", "end_id", "num_draft_tokens", "policy", "stats")
 EXECUTORS = ("reference",)
+K_HIST = 17  # k = 0..16
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,13 @@ class Counters:
     drafted: int = 0
     accepted: int = 0
     last_error: str = ""
+    # Per-step totals since start (the benchmark diffs them around a run).
+    busy_ms: float = 0.0
+    decode_steps: int = 0
+    spec_steps: int = 0
+    step_verified: int = 0
+    step_accepted: int = 0
+    generated: int = 0
 
 
 class LlmModel:
@@ -173,6 +181,7 @@ class LlmModel:
         self._reg = threading.Lock()
         self._stop = False
         self._last_k: list[int] = []
+        self._k_hist = np.zeros(K_HIST, dtype=np.int64)  # request-steps by k
         self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
         self._thread.start()
         if self.agent is not None:
@@ -301,8 +310,19 @@ class LlmModel:
             except Exception as e:  # a failed step fails the requests in it, never the loop
                 self._step_failed(e)
                 continue
-            self.counters.steps += 1
-            self._last_k = list(engine.last_stats.k)
+            st = engine.last_stats
+            c = self.counters
+            c.steps += 1
+            c.busy_ms += st.total_ms
+            c.generated += st.generated
+            if st.decode_batch:
+                k = np.asarray(st.k, dtype=np.int64)
+                c.decode_steps += 1
+                c.spec_steps += int(k.size and k.max() > 0)
+                c.step_verified += st.verified
+                c.step_accepted += st.accepted
+                self._k_hist += np.bincount(np.clip(k, 0, K_HIST - 1), minlength=K_HIST)
+            self._last_k = list(st.k)
             for out in outs:
                 self._deliver(out)
 
@@ -378,6 +398,9 @@ class LlmModel:
             "requests": c.requests, "rejected": c.rejected, "completed": c.completed, "cancelled": c.cancelled,
             "failed": c.failed, "steps": c.steps, "step_errors": c.step_errors, "send_errors": c.send_errors,
             "drafted": c.drafted, "accepted": c.accepted, "last_k": self._last_k, "last_error": c.last_error,
+            "busy_ms": round(c.busy_ms, 3), "decode_steps": c.decode_steps, "spec_steps": c.spec_steps,
+            "step_verified": c.step_verified, "step_accepted": c.step_accepted, "generated": c.generated,
+            "k_hist": self._k_hist.tolist(),
             "policy": self.current_policy(),
         }
         if self.agent is not None:
