@@ -27,6 +27,7 @@ COMMANDS = {
     "profile": "control.commands.profile",
     "serve": "control.commands.serve",
     "bench": "control.commands.bench",
+    "demo": "control.commands.demo",
 }
 
 

@@ -14,6 +14,8 @@ from control.clients.triton import GenParams, grpc_generate, model_stats
 from tests.e2e.conftest import MAX_TOKENS_LIMIT
 from tests.e2e.prompts import PROMPTS
 
+pytestmark = pytest.mark.e2e
+
 LONG = "def f(x):\n    return x\n" * 400  # far more tokens than the quick target's 1024 positions
 
 BAD = [

@@ -15,6 +15,8 @@ from control.clients.triton import GenParams, grpc_generate, model_stats, stream
 from tests.e2e.conftest import AUTH
 from tests.e2e.prompts import PROMPTS, many
 
+pytestmark = pytest.mark.e2e
+
 
 def test_a_published_plan_reaches_the_agent_within_1s_and_changes_k(deployment, policy):
     # Under fixed:3 every decode step drafts up to 3 tokens; under none, nothing is drafted.

@@ -11,6 +11,8 @@ import tritonclient.grpc.aio as aio
 from control.clients.triton import GenParams, grpc_generate, http_generate, model_stats, stream_generate
 from tests.e2e.prompts import PROMPTS, many
 
+pytestmark = pytest.mark.e2e
+
 MAX_TOKENS = 40
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from control.triton.server import free_port
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
