@@ -249,15 +249,20 @@ class LlmModel:
         return None
 
     def finalize(self) -> None:
+        t0 = time.monotonic()
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(30)
+        self._thread.join(10)
+        if self._thread.is_alive():
+            log.warning("llm %s: the engine loop did not stop within 10 s", self.instance)
         for live in list(self.live.values()):
             self._send_error(live.sender, "the server is shutting down")
         self.live.clear()
+        t1 = time.monotonic()
         if self.agent is not None:
             self.agent.stop()
+        log.warning("llm %s: finalized (engine loop %.2f s, agent %.2f s)", self.instance, t1 - t0, time.monotonic() - t1)
 
     # -- requests --------------------------------------------------------------------------------------
     def _submit(self, req: GenerateRequest, sender) -> None:
