@@ -100,6 +100,5 @@ def test_killing_the_service_mid_load_fails_no_request_and_the_agent_resubscribe
             break
         time.sleep(0.1)
     assert agent["connected"] and agent["subscriptions"] > subs_before, agent
-    assert agent["connect_failures"] >= 1 or agent["subscriptions"] > subs_before
     st = model_stats(deployment.http_url)
     assert st["failed"] == 0 and st["kv_slots_in_use"] == 0
