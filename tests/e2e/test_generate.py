@@ -93,3 +93,19 @@ def test_cancel_mid_stream_frees_the_kv_slot(deployment):
     assert after["completed"] == before["completed"]  # it did not run to max_tokens
     # The server keeps serving.
     assert grpc_generate(deployment.grpc_url, PROMPTS[1], GenParams(max_tokens=5)).token_ids
+
+
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_specctl_generate_url_matches_the_reference(deployment, reference, scheme):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"grpc://{deployment.grpc_url}" if scheme == "grpc" else deployment.http_url
+    cmd = [sys.executable, "-m", "control", "generate", "--url", url, "--prompt", PROMPTS[2], "--max-tokens", "20", "--json"]
+    r = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["token_ids"] == reference([PROMPTS[2]], 20)[0]
+    assert doc["stats"]["tokens"] == 20 and doc["stats"]["ttft_ms"] > 0
