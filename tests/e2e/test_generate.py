@@ -108,4 +108,4 @@ def test_specctl_generate_url_matches_the_reference(deployment, reference, schem
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["token_ids"] == reference([PROMPTS[2]], 20)[0]
-    assert doc["stats"]["tokens"] == 20 and doc["stats"]["ttft_ms"] > 0
+    assert doc["stats"]["tokens"] == len(doc["token_ids"]) > 0 and doc["stats"]["ttft_ms"] > 0
