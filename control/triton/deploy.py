@@ -30,6 +30,7 @@ from pathlib import Path
 from control.errors import ConfigError, SpecctlError
 
 ROOT = Path(__file__).resolve().parents[2]
+EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
 
 
 @dataclass
@@ -176,7 +177,11 @@ class Deployment:
                                    threads=c.threads, drafter=c.drafter)
             self.say(f"starting tritonserver (model repository {repo})")
             self.triton = TritonServer(repo, self.run_dir, http_port=c.http_port, grpc_port=c.grpc_port,
-                                       metrics_port=c.metrics_port, host=c.host, pythonpath=[str(ROOT)])
+                                       metrics_port=c.metrics_port, host=c.host, pythonpath=[str(ROOT)],
+                                       # Bounds shutdown: after a session with many concurrent streams the
+                                       # Python backend sometimes waits out the whole exit timeout before it
+                                       # finalizes the llm model (cause not yet found).
+                                       extra_args=[f"--exit-timeout-secs={EXIT_TIMEOUT_S}"])
             self.triton.start(timeout_s=c.ready_timeout_s)
         except BaseException:
             self.stop()
