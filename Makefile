@@ -19,6 +19,11 @@ setup: $(VENV)/.installed
 test: setup
 	$(PY) -m pytest -q
 
+# The README's main command: venv + install (once), the CPU pair (quick unless a full one is built at
+# engines/cpu), serve, a short live benchmark of none vs fixed:3 vs adaptive, the table, shut down.
+demo: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m control demo $(DEMO_ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check control tests benchmarks
 

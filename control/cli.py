@@ -25,6 +25,9 @@ COMMANDS = {
     "roofline": "control.commands.roofline",
     "sim": "control.commands.sim",
     "profile": "control.commands.profile",
+    "serve": "control.commands.serve",
+    "bench": "control.commands.bench",
+    "demo": "control.commands.demo",
 }
 
 

@@ -15,7 +15,10 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text locally with speculative decoding",
                        description="Generate from a prompt with the reference executor, speculating as the policy decides.")
     p.add_argument("--executor", choices=EXECUTORS, default="reference", help="data plane (default reference)")
-    p.add_argument("--engine-dir", required=True, help="engine directory (manifest.json + model directories)")
+    p.add_argument("--engine-dir", help="engine directory (manifest.json + model directories); local generation")
+    p.add_argument("--url", help="generate through a running deployment instead: grpc://HOST:PORT (or HOST:PORT) "
+                                 "streams over gRPC, http://HOST:PORT uses Triton's generate_stream endpoint")
+    p.add_argument("--num-draft-tokens", type=A.k_value, help="with --url: cap this request's draft length")
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--max-tokens", type=A.positive_int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--policy", default="adaptive", help="none, fixed:K, adaptive, ... (default adaptive)")
@@ -37,6 +40,58 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from control.errors import ConfigError
+
+    if args.url:
+        return run_remote(args)
+    if not args.engine_dir:
+        raise ConfigError("give --engine-dir DIR (generate locally) or --url grpc://HOST:PORT (through `specctl serve`)")
+    return run_local(args)
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    """Generate through a deployment's llm model: stream the text as it arrives."""
+    from rich.console import Console
+
+    from control.clients.triton import GenParams, grpc_generate, http_generate, parse_url
+    from control.errors import ConfigError
+    from control.policy.spec import parse_policy_spec
+
+    err = Console(stderr=True)
+    if args.prompt == "":
+        raise ConfigError("--prompt is empty; give the text to continue")
+    proto, addr = parse_url(args.url)
+    policy = None
+    if args.policy != "adaptive":  # per request only 'none' differs; the deployment's policy is set on the service
+        policy = str(parse_policy_spec(args.policy))
+    params = GenParams(max_tokens=args.max_tokens, temperature=args.temperature or None, top_k=args.top_k or None,
+                       top_p=args.top_p if args.top_p != 1.0 else None, random_seed=args.seed,
+                       stop_words=tuple(s for s in args.stop if s), num_draft_tokens=args.num_draft_tokens, policy=policy)
+    shown = [0]
+
+    def show(res) -> None:
+        if not args.json:
+            sys.stdout.write(res.text[shown[0]:])
+            sys.stdout.flush()
+            shown[0] = len(res.text)
+
+    if proto == "grpc":
+        res = grpc_generate(addr, args.prompt, params, on_chunk=show)
+    else:
+        res = http_generate(addr, args.prompt, params, stream=True, on_chunk=show)
+    stats = {"tokens": len(res.token_ids), "drafted": res.drafted, "accepted": res.accepted,
+             "acceptance_rate": round(res.acceptance_rate, 4), "ttft_ms": round(res.ttft_s * 1e3, 3),
+             "latency_ms": round(res.latency_s * 1e3, 3)}
+    if args.json:
+        print(json.dumps({"text": res.text, "token_ids": res.token_ids, "stats": stats}))
+        return 0
+    sys.stdout.write(res.text[shown[0]:] + "\n")
+    err.print(f"[dim]{stats['tokens']} tokens from {args.url}: drafted {res.drafted}, accepted {res.accepted} "
+              f"({res.acceptance_rate:.0%}); TTFT {stats['ttft_ms']:.1f} ms, latency {stats['latency_ms']:.1f} ms[/dim]")
+    return 0
+
+
+def run_local(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 

@@ -1,0 +1,275 @@
+"""The live-server benchmark: a load generator over gRPC streaming against a running deployment.
+
+For each policy the benchmark switches the deployment through the control plane (``PUT
+/v1/overrides`` with the token) and waits until the llm model reports the new plan; for each load
+level it replays the same requests (same prompts, same arrival pattern scaled to the level) and
+records per request the arrival, first-token and finish times and the tokens generated, plus the
+model's per-step counters around the run (busy time, decode and speculative steps, k histogram,
+verified and accepted draft tokens). Rows follow the ``specctl.bench/v1`` schema
+(``control.bench.metrics.run_row``), so ``control.bench.report`` serves the simulator and this.
+
+Load levels are fractions of the measured no-speculation capacity: a short saturation run with
+policy ``none`` (all requests at once, the engine's KV slots full) gives the completion rate in
+requests per second; level f sends Poisson arrivals (or the trace's own arrival pattern, rescaled)
+at f times that rate.
+
+Prompts: on the CPU pair, windows of the held-out part of the pair's corpus (Python standard
+library sources the models never trained on), or any text file given; lengths in characters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from control.bench.metrics import SLOTargets, run_row
+from control.clients.triton import GenParams, Result, model_stats, stream_generate
+from control.errors import ConfigError, SpecctlError
+
+FALLBACK_TEXT = '''
+def read_config(path, defaults=None):
+    """Read a configuration file and return a dict of its values."""
+    result = dict(defaults or {})
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, _, value = line.partition("=")
+            result[key.strip()] = value.strip()
+    return result
+
+
+class Cache(object):
+    def __init__(self, maxsize=128):
+        self.maxsize = maxsize
+        self.data = {}
+
+    def get(self, key, default=None):
+        try:
+            return self.data[key]
+        except KeyError:
+            return default
+'''
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    grpc: str  # host:port
+    http: str  # http://host:port (model stats)
+    control: str | None = None  # http://host:port (overrides); None: no policy switching
+    token: str | None = None
+
+
+@dataclass
+class Requests:
+    """The requests of one run: prompt texts, max_tokens, and arrival offsets at rate 1 req/s."""
+
+    prompts: list[str]
+    max_tokens: np.ndarray
+    unit_arrivals: np.ndarray  # seconds at a mean rate of 1 request/s
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.prompts)
+
+
+def corpus_texts(max_files: int = 24) -> list[str]:
+    """Held-out Python sources of the CPU pair's corpus (the standard library), or a built-in snippet."""
+    try:
+        from control.buildsys.cpu.corpus import load_corpus
+
+        corpus = load_corpus(heldout_only=True, max_heldout_files=max_files)
+        texts = [f.text for f in corpus.heldout if len(f.text) > 400]
+        if texts:
+            return texts
+    except (SpecctlError, OSError):
+        pass
+    return [FALLBACK_TEXT]
+
+
+def prompt_windows(texts: list[str], n: int, chars: np.ndarray, rng: np.random.Generator) -> list[str]:
+    """``n`` prompts: windows of ``chars[i]`` characters starting at line boundaries of the texts."""
+    out = []
+    for i in range(n):
+        t = texts[int(rng.integers(len(texts)))]
+        want = int(max(chars[i], 16))
+        if len(t) <= want:
+            out.append(t)
+            continue
+        start = int(rng.integers(0, len(t) - want))
+        nl = t.rfind("\n", 0, start)
+        start = nl + 1 if nl >= 0 else 0
+        out.append(t[start:start + want])
+    return out
+
+
+def make_requests(workload: str, n: int, *, seed: int = 0, prompt_chars: float = 400.0, max_tokens: float = 64.0,
+                  texts: list[str] | None = None) -> Requests:
+    """Requests for a workload name.
+
+    - ``corpus`` (default): Poisson arrivals, prompt lengths lognormal around ``prompt_chars``
+      characters, output lengths lognormal around ``max_tokens``;
+    - a trace or prompt set of ``control.bench.workloads`` (``azure-code``, ``azure-conv``,
+      ``mooncake``, ``sharegpt``, ``spec-bench``, ``poisson:in=..,out=..``): its arrival pattern and
+      the shape of its length distributions, rescaled so the means are ``prompt_chars`` characters and
+      ``max_tokens`` tokens (the CPU pair's context is short); the scale factors go into the notes.
+    """
+    if n < 1:
+        raise ConfigError(f"requests = {n}: must be >= 1")
+    rng = np.random.default_rng([seed, 7])
+    texts = texts or corpus_texts()
+    notes: dict[str, Any] = {"workload": workload, "seed": seed}
+    if workload == "corpus":
+        gaps = rng.exponential(1.0, size=n)
+        unit = np.cumsum(gaps) - gaps[0]
+        sigma = 0.5
+        chars = rng.lognormal(math.log(prompt_chars) - sigma**2 / 2, sigma, size=n)
+        outs = rng.lognormal(math.log(max_tokens) - sigma**2 / 2, sigma, size=n)
+        notes.update({"arrivals": "Poisson", "prompt_chars": f"lognormal mean {prompt_chars:g}",
+                      "max_tokens": f"lognormal mean {max_tokens:g}", "prompts": "held-out corpus windows"})
+    else:
+        from control.bench.workloads import load_workload
+
+        w = load_workload(workload, requests=n, rate=1.0, seed=seed)
+        if w.n < n:
+            raise ConfigError(f"workload '{workload}' has {w.n} requests; ask for at most that many")
+        w = w.head(n)
+        t = w.arrival_s - w.arrival_s[0]
+        span = float(t[-1]) if n > 1 else 1.0
+        unit = t * ((n - 1) / span) if span > 0 else np.arange(n, dtype=float)
+        p_scale = prompt_chars / max(float(w.prompt_tokens.mean()), 1.0)
+        o_scale = max_tokens / max(float(w.output_tokens.mean()), 1.0)
+        chars = w.prompt_tokens * p_scale
+        outs = w.output_tokens * o_scale
+        notes.update({"arrivals": f"{workload} arrival pattern, rescaled to each load's rate",
+                      "prompt_scale": f"prompt chars = trace prompt tokens x {p_scale:.4g}",
+                      "output_scale": f"max_tokens = trace output tokens x {o_scale:.4g}",
+                      "prompts": "held-out corpus windows", **{f"trace_{k}": v for k, v in w.notes.items()}})
+    mt = np.clip(np.round(outs), 2, 4 * max_tokens).astype(np.int64)
+    return Requests(prompt_windows(texts, n, chars, rng), mt, unit, notes)
+
+
+# -- the control plane ------------------------------------------------------------------------------
+def switch_policy(ep: Endpoints, policy: str, timeout_s: float = 15.0) -> float:
+    """Set the deployment's policy through the override API; seconds until the model has the plan."""
+    if ep.control is None:
+        raise ConfigError("switching policies needs --control-url (the control-plane service) and its token")
+    if not ep.token:
+        raise ConfigError("switching policies needs the control plane's token: pass --token or set SPECCTL_TOKEN")
+    t0 = time.monotonic()
+    try:
+        r = httpx.put(f"{ep.control}/v1/overrides", json={"policy": policy}, timeout=10,
+                      headers={"Authorization": f"Bearer {ep.token}"})
+    except httpx.HTTPError as e:
+        raise SpecctlError(f"cannot reach the control plane at {ep.control}: {type(e).__name__}: {e}") from None
+    if r.status_code == 401:
+        raise ConfigError(f"the control plane at {ep.control} refused the token (401); pass the token `specctl serve` printed")
+    if r.status_code != 200:
+        raise SpecctlError(f"PUT {ep.control}/v1/overrides policy={policy}: HTTP {r.status_code}: {r.text[:200]}")
+    while time.monotonic() - t0 < timeout_s:
+        if model_stats(ep.http)["plan_received"]["policy"] == policy:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise SpecctlError(f"the llm model did not receive the plan for policy {policy} within {timeout_s:.0f} s; is its "
+                       "agent connected to this control plane? (see the model's stats)")
+
+
+def clear_overrides(ep: Endpoints) -> None:
+    if ep.control and ep.token:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.put(f"{ep.control}/v1/overrides", json={}, timeout=10, headers={"Authorization": f"Bearer {ep.token}"})
+
+
+# -- one run ----------------------------------------------------------------------------------------
+async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeout_s: float,
+                     on_done: Callable[[int], None] | None) -> tuple[list[Result], np.ndarray]:
+    import tritonclient.grpc.aio as aio
+
+    client = aio.InferenceServerClient(ep.grpc)
+    sent = np.full(reqs.n, np.nan)
+    t0 = time.perf_counter()
+    done = [0]
+
+    async def one(i: int) -> Result:
+        delay = arrivals[i] - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[i] = time.perf_counter() - t0
+        try:
+            return await asyncio.wait_for(
+                stream_generate(client, reqs.prompts[i], GenParams(max_tokens=int(reqs.max_tokens[i]))), timeout_s)
+        except TimeoutError:
+            return Result(error=f"no complete answer within {timeout_s:.0f} s")
+        finally:
+            done[0] += 1
+            if on_done is not None:
+                on_done(done[0])
+
+    try:
+        results = await asyncio.gather(*(one(i) for i in range(reqs.n)))
+    finally:
+        await client.close()
+    return list(results), sent
+
+
+def _delta(after: dict, before: dict) -> dict[str, Any]:
+    keys = ("busy_ms", "decode_steps", "spec_steps", "step_verified", "step_accepted", "generated", "completed",
+            "failed", "cancelled")
+    d = {k: after[k] - before[k] for k in keys}
+    d["k_hist"] = (np.asarray(after["k_hist"]) - np.asarray(before["k_hist"])).tolist()
+    return d
+
+
+def run_once(ep: Endpoints, reqs: Requests, *, policy: str, load: float, rate: float, seed: int = 0,
+             slo: SLOTargets | None = None, timeout_s: float = 600.0,
+             on_done: Callable[[int], None] | None = None) -> dict:
+    """Send ``reqs`` at ``rate`` req/s (arrival pattern scaled); one ``specctl.bench/v1`` row."""
+    arrivals = reqs.unit_arrivals / rate if math.isfinite(rate) and rate > 0 else np.zeros(reqs.n)
+    before = model_stats(ep.http)
+    results, sent = asyncio.run(_run_async(ep, reqs, arrivals, timeout_s, on_done))
+    after = model_stats(ep.http)
+    d = _delta(after, before)
+    arrival = np.where(np.isfinite(sent), np.minimum(sent, arrivals), arrivals)  # a late send counts from its schedule
+    ok = np.array([r.error is None and not r.cancelled for r in results])
+    # First token and finish on the run's clock (the client timed them from its own send).
+    finish = np.array([sent[i] + r.latency_s if ok[i] else np.nan for i, r in enumerate(results)])
+    first = np.array([sent[i] + r.ttft_s if ok[i] else np.nan for i, r in enumerate(results)])
+    out_tokens = np.array([len(r.token_ids) for r in results])
+    errors = [r.error for r in results if r.error]
+    itl = [np.diff(r.chunk_times) / np.asarray(r.chunk_tokens[1:]) for r in results if len(r.chunk_times) > 1]
+    itl_all = np.concatenate(itl) if itl else np.array([])
+    drafted = sum(r.drafted for r in results)
+    accepted = sum(r.accepted for r in results)
+    row = run_row(policy, load, seed, arrival, first, finish, out_tokens, busy_s=d["busy_ms"] / 1e3,
+                  verified=d["step_verified"], accepted=d["step_accepted"], decode_steps=d["decode_steps"],
+                  spec_steps=d["spec_steps"], slo=slo, k_hist=d["k_hist"],
+                  extra={"rate_req_s": round(rate, 4) if math.isfinite(rate) else None, "failed": len(errors),
+                         "errors": errors[:3], "mean_itl_s": float(itl_all.mean()) if itl_all.size else None,
+                         "p99_itl_s": float(np.percentile(itl_all, 99)) if itl_all.size else None,
+                         "client_drafted": drafted, "client_accepted": accepted,
+                         "mean_accepted_per_step": (d["step_accepted"] + d["decode_steps"]) / d["decode_steps"]
+                         if d["decode_steps"] else None,
+                         "busy_s": d["busy_ms"] / 1e3, "plan_version": after.get("plan_version")})
+    return row
+
+
+def measure_capacity(ep: Endpoints, reqs: Requests, timeout_s: float = 600.0,
+                     on_done: Callable[[int], None] | None = None) -> tuple[float, dict]:
+    """Completion rate (req/s) with every request sent at once under the current policy."""
+    t0 = time.perf_counter()
+    row = run_once(ep, reqs, policy="capacity", load=0.0, rate=float("inf"), timeout_s=timeout_s, on_done=on_done)
+    wall = time.perf_counter() - t0
+    done = row["extra"]["completed"]
+    if done == 0:
+        raise SpecctlError(f"the capacity run completed no request: {row['extra']['errors']}")
+    return done / wall, row

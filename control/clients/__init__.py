@@ -1,0 +1,1 @@
+"""Clients of a specctl deployment (Triton's gRPC and HTTP APIs)."""

@@ -1,0 +1,171 @@
+"""``specctl bench``: drive a running deployment (``specctl serve``) and report per policy and load."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from control.commands import args as A
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"loads {text!r}: give comma-separated fractions of capacity, e.g. 0.25,0.5,0.8,1.1") from None
+    if not vals or any(not (0 < v <= 4) for v in vals):
+        raise argparse.ArgumentTypeError(f"loads {text!r}: each must be in (0, 4] (fractions of the no-speculation capacity)")
+    return vals
+
+
+def _policies(text: str) -> list[str]:
+    from control.errors import ConfigError
+    from control.policy.spec import parse_policy_spec
+
+    out = []
+    for p in (x.strip() for x in text.split(",")):
+        if not p:
+            continue
+        try:
+            spec = str(parse_policy_spec(p))
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if spec == "oracle":
+            raise argparse.ArgumentTypeError("policy 'oracle' runs only inside the simulator (specctl sim)")
+        out.append(spec)
+    if not out:
+        raise argparse.ArgumentTypeError(f"policies {text!r}: give comma-separated names, e.g. none,fixed:3,adaptive")
+    return out
+
+
+def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str) -> None:
+    p.add_argument("--workload", default="corpus",
+                   help="corpus (Poisson arrivals, held-out corpus prompts; default), or a trace/prompt set replayed "
+                        "with rescaled times and lengths: azure-code, azure-conv, mooncake, sharegpt, spec-bench, poisson:...")
+    p.add_argument("--loads", type=_fractions, default=_fractions(loads),
+                   help=f"load levels as fractions of the measured no-speculation capacity (default {loads})")
+    p.add_argument("--policies", type=_policies, default=["none", "fixed:3", "adaptive"],
+                   help="policies to compare, switched through the override API (default none,fixed:3,adaptive)")
+    p.add_argument("--requests", type=A.positive_int, default=requests, help=f"requests per run (default {requests})")
+    p.add_argument("--capacity", type=A.positive_float, help="no-speculation capacity in req/s (default: measure it)")
+    p.add_argument("--capacity-requests", type=A.positive_int, help="requests in the capacity run (default: --requests)")
+    p.add_argument("--prompt-chars", type=A.positive_float, default=300.0, help="mean prompt length in characters (default 300)")
+    p.add_argument("--max-tokens", type=A.positive_float, default=48.0, help="mean max_tokens per request (default 48)")
+    p.add_argument("--slo-ttft-s", type=A.positive_float, default=2.0, help="TTFT SLO in seconds (default 2)")
+    p.add_argument("--slo-tpot-ms", type=A.positive_float, default=100.0, help="TPOT SLO in ms (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--repeats", type=A.positive_int, default=1, help="runs per policy and load, interleaved (default 1)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark a running deployment: policies x load levels over gRPC streaming",
+                       description="Measure the no-speculation capacity, then for each load level and policy (switched "
+                                   "through the control plane's override API) send the same requests with Poisson or "
+                                   "trace-replay arrivals over gRPC streaming; report TTFT, TPOT, inter-token latency, "
+                                   "latency, goodput, SLO attainment and acceptance (specctl.bench/v1 JSON, Markdown, plots).")
+    p.add_argument("--url", required=True, help="Triton gRPC endpoint: grpc://HOST:PORT or HOST:PORT")
+    p.add_argument("--http-url", help="Triton HTTP endpoint for the model's stats (default http://HOST:8000)")
+    p.add_argument("--control-url", help="control-plane service (default http://HOST:8700)")
+    p.add_argument("--token", help="control-plane token (default: SPECCTL_TOKEN)")
+    add_load_args(p, requests=40, loads="0.25,0.5,0.8,1.1")
+    p.add_argument("--json", help="write the specctl.bench/v1 document here")
+    p.add_argument("--report", help="write a Markdown report here (plots next to it)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from urllib.parse import urlsplit
+
+    from control.bench.live import Endpoints
+    from control.clients.triton import parse_url
+
+    proto, addr = parse_url(args.url)
+    if proto != "grpc":
+        from control.errors import ConfigError
+
+        raise ConfigError(f"--url {args.url}: the benchmark streams over gRPC; give grpc://HOST:PORT (Triton's gRPC port)")
+    host = urlsplit("grpc://" + addr).hostname
+    ep = Endpoints(grpc=addr, http=(args.http_url or f"http://{host}:8000").rstrip("/"),
+                   control=(args.control_url or f"http://{host}:8700").rstrip("/"),
+                   token=args.token or os.environ.get("SPECCTL_TOKEN"))
+    rows, meta = run_bench(ep, args)
+    print(report(rows, meta, json_path=args.json, report_path=args.report))
+    return 0
+
+
+def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], dict]:
+    """Capacity, then every load x policy (x repeats), interleaved; rows and meta."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from control.bench.live import clear_overrides, make_requests, measure_capacity, run_once, switch_policy
+    from control.bench.metrics import SLOTargets
+    from control.clients.triton import model_stats
+
+    console = console or Console(stderr=True)
+    model_stats(ep.http)  # fail fast, with the reason, if the server is not there
+    slo = SLOTargets(ttft_s=args.slo_ttft_s, tpot_ms=args.slo_tpot_ms)
+    reqs = make_requests(args.workload, args.requests, seed=args.seed, prompt_chars=args.prompt_chars,
+                         max_tokens=args.max_tokens)
+    rows: list[dict] = []
+    meta = {"harness": "specctl bench (live Triton, gRPC streaming)", "grpc": ep.grpc, "requests_per_run": reqs.n,
+            "loads": ",".join(f"{x:g}" for x in args.loads), "policies": ",".join(args.policies),
+            "slo_ttft_s": slo.ttft_s, "slo_tpot_ms": slo.tpot_ms, "repeats": args.repeats, **reqs.notes}
+    runs = len(args.loads) * len(args.policies) * args.repeats
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as prog:
+        try:
+            capacity = args.capacity
+            if capacity is None:
+                switch_policy(ep, "none")
+                creqs = reqs if not args.capacity_requests else make_requests(
+                    args.workload, args.capacity_requests, seed=args.seed + 1, prompt_chars=args.prompt_chars,
+                    max_tokens=args.max_tokens)
+                task = prog.add_task("capacity (policy none, all at once)", total=creqs.n)
+                capacity, _ = measure_capacity(ep, creqs, on_done=lambda d: prog.update(task, completed=d))
+            meta["capacity_req_s"] = round(capacity, 4)
+            console.print(f"no-speculation capacity: {capacity:.3f} req/s")
+            overall = prog.add_task("runs", total=runs)
+            for rep in range(args.repeats):
+                for load in args.loads:
+                    for pol in args.policies:
+                        switch_policy(ep, pol)
+                        time.sleep(0.2)
+                        task = prog.add_task(f"load {load:g} {pol}", total=reqs.n)
+                        row = run_once(ep, reqs, policy=pol, load=load, rate=load * capacity, seed=args.seed + rep,
+                                       slo=slo, on_done=lambda d, t=task: prog.update(t, completed=d))
+                        prog.remove_task(task)
+                        prog.advance(overall)
+                        rows.append(row)
+                        lat = row["mean_latency_s"]
+                        console.print(f"load {load:g} {pol:>10s}: mean latency {lat if lat is None else round(lat, 3)} s, "
+                                      f"goodput {row['goodput_tok_s']} tok/s, failed {row['extra']['failed']}")
+        finally:
+            clear_overrides(ep)
+    return rows, meta
+
+
+def report(rows: list[dict], meta: dict, *, json_path: str | None, report_path: str | None, title: str | None = None) -> str:
+    from control.bench.report import (
+        bar_check,
+        markdown_table,
+        plot_latency_vs_load,
+        write_json,
+        write_markdown,
+    )
+
+    title = title or f"specctl bench: {meta.get('workload', '')} on the live server"
+    if json_path:
+        write_json(json_path, rows, meta)
+    if report_path:
+        rp = Path(report_path)
+        png = rp.with_suffix(".latency.png")
+        plot_latency_vs_load(rows, png, title="latency vs load (live server)")
+        write_markdown(rp, rows, title=title, meta=meta, plots=[("latency vs load", png.name)])
+    text = markdown_table(rows)
+    if any(r["policy"] == "adaptive" for r in rows):
+        text += "\n" + bar_check(rows, "adaptive", tolerance=0.03, saturation_ratio=1.03)[1]
+    return text

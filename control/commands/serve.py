@@ -1,0 +1,120 @@
+"""``specctl serve``: the control-plane service and Triton (the ``llm`` model) for one engine directory."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+from pathlib import Path
+
+from control.commands import args as A
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port0(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port {text!r} is not an integer in 0..65535 (0: any free port)") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"port {v} must be in 0..65535 (0: any free port)")
+    return v
+
+
+def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = True) -> None:
+    p.add_argument("--engine-dir", required=engine_required, default=None if engine_required else "engines/cpu",
+                   help="engine directory (manifest.json + model directories)")
+    p.add_argument("--profile", help="profile YAML (default: profiles/<sku>/<engine name>.yaml when it matches the "
+                                     "engines, else a quick calibration of the engine directory)")
+    p.add_argument("--policy", default="adaptive", help="none, fixed:K, adaptive, ... (default adaptive)")
+    p.add_argument("--max-k", type=A.k_value, default=8, help="largest draft length (default 8)")
+    p.add_argument("--max-batch", type=A.positive_int, default=32, help="KV slots per model instance (default 32)")
+    p.add_argument("--max-tokens-limit", type=A.positive_int, default=1024,
+                   help="the most tokens one request may ask for (default 1024)")
+    p.add_argument("--instances", type=A.positive_int, default=1, help="llm model instances (default 1)")
+    p.add_argument("--threads", type=A.positive_int, default=1, help="torch threads per instance (default 1)")
+    p.add_argument("--http-port", type=_port0, default=8000, help="Triton HTTP port (default 8000; 0 = any free)")
+    p.add_argument("--grpc-port", type=_port0, default=8001, help="Triton gRPC port (default 8001; 0 = any free)")
+    p.add_argument("--metrics-port", type=_port0, default=8002, help="Triton metrics port (default 8002; 0 = any free)")
+    p.add_argument("--control-port", type=_port0, default=8700, help="control-plane port (default 8700; 0 = any free)")
+    p.add_argument("--run-dir", help="where to render the model repository and write logs (default runs/<timestamp>)")
+    p.add_argument("--token", help="bearer token for the control plane's writes (default: SPECCTL_TOKEN, else generated)")
+
+
+def deployment_config(args: argparse.Namespace):
+    from control.errors import ConfigError
+    from control.policy.spec import parse_policy_spec
+    from control.triton.deploy import DeploymentConfig
+
+    spec = parse_policy_spec(args.policy)
+    if spec.name == "oracle":
+        raise ConfigError("--policy oracle runs only inside the simulator; choose another policy")
+    engine = Path(args.engine_dir)
+    if not (engine / "manifest.json").is_file():
+        raise ConfigError(f"--engine-dir {engine}: no manifest.json there; build the CPU pair with "
+                          "`specctl build --sku cpu` (add --quick for a small one) or point at an engine directory")
+    if args.profile and not Path(args.profile).is_file():
+        raise ConfigError(f"--profile {args.profile}: no such file")
+    run_dir = Path(args.run_dir) if args.run_dir else ROOT / "runs" / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return DeploymentConfig(engine_dir=engine, run_dir=run_dir, profile=Path(args.profile) if args.profile else None,
+                            policy=str(spec), max_k=args.max_k, max_batch=args.max_batch,
+                            max_tokens=args.max_tokens_limit, instances=args.instances, threads=args.threads,
+                            http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+                            control_port=args.control_port, token=args.token)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve an engine directory: Triton (llm model) + the control-plane service",
+                       description="Render triton_repo for the deployment into a run directory, start the control-plane "
+                                   "service and tritonserver (loopback only), print the endpoints, and stop both on "
+                                   "Ctrl-C or SIGTERM.")
+    add_deployment_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from rich.console import Console
+
+    from control.triton.deploy import Deployment
+
+    console = Console(stderr=True)
+    cfg = deployment_config(args)
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    dep = Deployment(cfg, say=lambda s: console.print(f"[dim]{s}[/dim]"))
+    try:
+        with console.status("starting the control plane and tritonserver"):
+            dep.start()
+        if stop.is_set():
+            return 130
+        console.print(f"[bold]specctl serve[/bold]: {cfg.engine_dir} with policy {cfg.policy}, run directory {cfg.run_dir}")
+        for name, url in dep.endpoints().items():
+            print(f"  {name:15s} {url}", flush=True)
+        token = "(as given)" if args.token else "(from SPECCTL_TOKEN)" if _env_token() else dep.token
+        print(f"  {'token':15s} {token}", flush=True)
+        print("ready; Ctrl-C stops both", flush=True)
+        while not stop.wait(0.5):
+            alive = dep.alive()
+            dead = [n for n, ok in alive.items() if not ok]
+            if dead:
+                console.print(f"[red]{', '.join(dead)} exited; stopping (logs in {cfg.run_dir})[/red]")
+                return 1
+        console.print("stopping")
+        return 0
+    finally:
+        dep.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _env_token() -> str | None:
+    import os
+
+    return os.environ.get("SPECCTL_TOKEN")

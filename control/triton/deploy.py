@@ -1,0 +1,237 @@
+"""A deployment: the control-plane service and ``tritonserver`` with the rendered ``llm`` model.
+
+``specctl serve``, ``specctl demo`` and the end-to-end tests all start one through ``Deployment``:
+
+1. resolve the profile (``--profile``; else ``profiles/<sku>/<engine name>.yaml`` when it matches the
+   engines; else a quick calibration of the engine directory, a few seconds) and copy it into the run
+   directory;
+2. check every port before starting anything (a taken port is one line naming it);
+3. start ``specctl control-plane`` as a child process and wait for ``/readyz`` with a deadline;
+4. render ``triton_repo/`` into ``<run>/model_repository`` with the engine directory, profile, policy
+   and the service's URL and token in the llm model's parameters, and start ``tritonserver`` with
+   the project on PYTHONPATH, waiting for readiness with a deadline;
+5. ``stop()`` stops Triton, then the service (SIGTERM, then SIGKILL after a grace period): no orphans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from control.errors import ConfigError, SpecctlError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
+
+
+@dataclass
+class DeploymentConfig:
+    engine_dir: Path
+    run_dir: Path
+    profile: Path | None = None
+    policy: str = "adaptive"
+    max_k: int = 8
+    max_batch: int = 32
+    max_tokens: int = 1024
+    instances: int = 1
+    threads: int = 1
+    drafter: str = ""
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    control_port: int = 8700
+    token: str | None = None
+    service: bool = True  # False: the model runs on its default plan, no control plane
+    service_args: list[str] = field(default_factory=list)
+    ready_timeout_s: float = 180.0
+
+
+def resolve_profile(engine_dir: Path, profile: Path | None, run_dir: Path,
+                    say: Callable[[str], None] = lambda s: None) -> Path:
+    """The profile this deployment uses, copied to ``run_dir/profile.yaml``."""
+    from control.executors.manifest import load_manifest
+    from control.profile import load_profile
+
+    out = run_dir / "profile.yaml"
+    if profile is not None:
+        p = load_profile(profile)
+        say(f"profile {profile} ({p.sku}/{p.pair})")
+        p.save(out)
+        return out
+    m = load_manifest(engine_dir)
+    name = str((m.model_extra or {}).get("name") or Path(engine_dir).name)
+    drafters = {d.name for d in m.drafters}
+    stored = ROOT / "profiles" / m.sku / f"{name}.yaml"
+    if stored.is_file():
+        p = load_profile(stored)
+        if p.pair == name and drafters <= set(p.drafter_names):
+            say(f"profile {stored.relative_to(ROOT)} (matches the engines)")
+            p.save(out)
+            return out
+    say(f"no stored profile for engines '{name}': calibrating {engine_dir} (a few seconds)")
+    import torch
+
+    from control.executors.reference.calibrate import quick_profile
+    from control.executors.reference.loader import load_engine_dir
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        quick_profile(load_engine_dir(engine_dir)).save(out)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+            raise SpecctlError(f"{what} exited with code {proc.returncode} while starting: {' | '.join(tail)} (log: {log})")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SpecctlError(f"{what} was not ready within {timeout_s:.0f} s (log: {log})")
+
+
+class Deployment:
+    """The service and Triton for one engine directory; a context manager."""
+
+    def __init__(self, cfg: DeploymentConfig, say: Callable[[str], None] = lambda s: None) -> None:
+        from control.executors.manifest import load_manifest
+        from control.triton.server import free_port
+
+        if not (Path(cfg.engine_dir) / "manifest.json").is_file():
+            raise ConfigError(f"engine directory {cfg.engine_dir} has no manifest.json; build one with "
+                              "`specctl build --sku cpu` (or --quick) or pass --engine-dir DIR")
+        load_manifest(cfg.engine_dir)
+        for name in ("http_port", "grpc_port", "metrics_port", "control_port"):
+            if getattr(cfg, name) == 0:
+                setattr(cfg, name, free_port(cfg.host))
+        self.cfg = cfg
+        self.say = say
+        self.token = cfg.token or os.environ.get("SPECCTL_TOKEN") or secrets.token_urlsafe(24)
+        self.run_dir = Path(cfg.run_dir)
+        self.service_proc: subprocess.Popen | None = None
+        self.triton = None
+        self.profile_path: Path | None = None
+
+    # -- endpoints ---------------------------------------------------------------------------------
+    @property
+    def control_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.control_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.cfg.host}:{self.cfg.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.metrics_port}/metrics"
+
+    def endpoints(self) -> dict[str, str]:
+        out = {"http": self.http_url, "grpc": self.grpc_url, "triton metrics": self.metrics_url}
+        if self.cfg.service:
+            out.update({"control plane": self.control_url, "dashboard": f"{self.control_url}/"})
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> Deployment:
+        from control.triton.repo import render_llm_repo
+        from control.triton.server import TritonServer, check_ports
+
+        c = self.cfg
+        ports = {"http": c.http_port, "grpc": c.grpc_port, "metrics": c.metrics_port}
+        if c.service:
+            ports["control"] = c.control_port
+        check_ports(ports, c.host)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.profile_path = resolve_profile(Path(c.engine_dir), c.profile, self.run_dir, self.say)
+        try:
+            if c.service:
+                self.start_service()
+            repo = render_llm_repo(self.run_dir / "model_repository", engine_dir=Path(c.engine_dir),
+                                   profile=self.profile_path, policy=c.policy,
+                                   control_url=self.control_url if c.service else "",
+                                   control_token=self.token if c.service else "", max_k=c.max_k,
+                                   max_batch=c.max_batch, max_tokens=c.max_tokens, instances=c.instances,
+                                   threads=c.threads, drafter=c.drafter)
+            self.say(f"starting tritonserver (model repository {repo})")
+            self.triton = TritonServer(repo, self.run_dir, http_port=c.http_port, grpc_port=c.grpc_port,
+                                       metrics_port=c.metrics_port, host=c.host, pythonpath=[str(ROOT)],
+                                       # Bounds shutdown: after a session with many concurrent streams the
+                                       # Python backend sometimes waits out the whole exit timeout before it
+                                       # finalizes the llm model (cause not yet found).
+                                       extra_args=[f"--exit-timeout-secs={EXIT_TIMEOUT_S}"])
+            self.triton.start(timeout_s=c.ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_service(self) -> None:
+        c = self.cfg
+        log = self.run_dir / "control-plane.log"
+        cmd = [sys.executable, "-m", "control", "control-plane", "--profile", str(self.profile_path), "--host", c.host,
+               "--port", str(c.control_port), "--policy", c.policy, "--max-k", str(c.max_k), *c.service_args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECCTL_TOKEN": self.token,
+               "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
+        self.say(f"starting the control-plane service on {self.control_url}")
+        with open(log, "ab") as f:
+            self.service_proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                                 start_new_session=True)
+        _wait_http(f"{self.control_url}/readyz", self.service_proc, 60.0, "the control-plane service", log)
+
+    def kill_service(self) -> None:
+        """SIGKILL the service (tests: the data plane must keep serving)."""
+        p = self.service_proc
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+    def stop_service(self, timeout_s: float = 10.0) -> None:
+        p = self.service_proc
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+    def alive(self) -> dict[str, bool]:
+        return {"tritonserver": bool(self.triton and self.triton.alive()),
+                "control plane": self.service_proc is not None and self.service_proc.poll() is None}
+
+    def stop(self) -> None:
+        if self.triton is not None:
+            self.triton.stop()
+        self.stop_service()
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,419 @@
+"""The ``llm`` Triton model: one engine loop per model instance, the controller (agent) inside it.
+
+``triton_repo/llm/1/model.py`` is a thin shim that hands Triton's calls to ``LlmModel``:
+
+- ``initialize`` reads the model parameters (``config.pbtxt``, rendered by ``specctl serve``): the
+  executor and engine directory, the profile, the policy, the control-plane URL and token, limits;
+  it loads the engine, builds the agent (which serves on its default plan until the service answers)
+  and starts the loop thread.
+- ``execute`` (decoupled) validates each request, registers it with the executor and returns at
+  once; a bad request gets a Triton error naming the value and what is accepted, and nobody else is
+  affected.
+- The loop thread steps the executor whenever it has work and sleeps on a condition otherwise. Each
+  step's new tokens go out through that request's response sender (text detokenised incrementally,
+  never splitting a multi-byte character); a request whose client cancelled or went away is cancelled
+  in the executor before the next step, which frees its KV slot at once; an error in one request or
+  one step never takes the loop down.
+- A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
+  agent follows, the last step's k) as JSON in ``text_output``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from control.errors import ConfigError
+from control.triton.llm_request import (
+    ACCEPTED_OUTPUTS,
+    DRAFTED_OUTPUTS,
+    GenerateRequest,
+    Limits,
+    StatsRequest,
+    parse_request,
+)
+
+log = logging.getLogger("specctl.triton.llm")
+
+INPUT_NAMES = ("text_input", "input_ids", "max_tokens", "stream", "temperature", "top_k", "top_p", "random_seed",
+               "stop_words", "bad_words", "end_id", "num_draft_tokens", "policy", "stats")
+EXECUTORS = ("reference",)
+K_HIST = 17  # k = 0..16
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The ``parameters`` of the llm model's config.pbtxt."""
+
+    executor: str = "reference"
+    engine_dir: str = ""
+    profile: str = ""
+    policy: str = "adaptive"
+    max_k: int = 8
+    max_batch: int = 32
+    max_tokens: int = 1024
+    default_max_tokens: int = 64
+    threads: int = 1
+    control_url: str = ""
+    control_token: str = ""
+    drafter: str = ""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelParams:
+        raw = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
+        kw: dict[str, Any] = {}
+        for f in cls.__dataclass_fields__.values():
+            if f.name not in raw or raw[f.name] == "":
+                continue
+            v = raw[f.name]
+            if f.type == "int":
+                try:
+                    kw[f.name] = int(v)
+                except ValueError:
+                    raise ConfigError(f"llm model parameter {f.name} = {v!r}: must be an integer") from None
+            else:
+                kw[f.name] = v
+        p = cls(**kw)
+        if p.executor not in EXECUTORS:
+            raise ConfigError(f"llm model parameter executor = {p.executor!r}: this model runs {', '.join(EXECUTORS)} "
+                              "(the TensorRT-LLM LLM-API path is not wired into this model yet)")
+        if not p.engine_dir:
+            raise ConfigError("llm model parameter engine_dir is empty; `specctl serve --engine-dir DIR` fills it in")
+        for name in ("max_k", "max_batch", "max_tokens", "default_max_tokens", "threads"):
+            if getattr(p, name) < (0 if name == "max_k" else 1):
+                raise ConfigError(f"llm model parameter {name} = {getattr(p, name)}: must be >= {0 if name == 'max_k' else 1}")
+        return p
+
+
+class Detokenizer:
+    """Incremental detokenisation: text deltas that never end inside a multi-byte character.
+
+    Decodes a short window of recent tokens (as vLLM does) rather than the whole output per step.
+    """
+
+    __slots__ = ("decode", "tokens", "prefix", "read")
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.prefix = 0  # tokens before this are fully emitted and not needed for context
+        self.read = 0  # tokens before this have had their text emitted
+
+    def push(self, new: tuple[int, ...] | list[int], final: bool = False) -> str:
+        self.tokens.extend(new)
+        before = self.decode(self.tokens[self.prefix:self.read])
+        after = self.decode(self.tokens[self.prefix:])
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
+            delta = after[len(before):]
+            self.prefix, self.read = self.read, len(self.tokens)
+            return delta
+        if final and after.endswith("\ufffd"):
+            return after[len(before):]
+        return ""
+
+
+@dataclass(eq=False)
+class Live:
+    """One in-flight request: its sender and what has been sent."""
+
+    rid: int
+    sender: Any
+    stream: bool
+    detok: Detokenizer
+    started: float
+    text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    rejected: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    steps: int = 0
+    step_errors: int = 0
+    send_errors: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    last_error: str = ""
+    # Per-step totals since start (the benchmark diffs them around a run).
+    busy_ms: float = 0.0
+    decode_steps: int = 0
+    spec_steps: int = 0
+    step_verified: int = 0
+    step_accepted: int = 0
+    generated: int = 0
+
+
+class LlmModel:
+    """What the Triton Python model does; ``pb`` is ``triton_python_backend_utils``."""
+
+    def __init__(self, pb, args: dict[str, Any]) -> None:
+        import torch
+
+        self.pb = pb
+        self.config = json.loads(args["model_config"])
+        self.instance = args.get("model_instance_name", "llm")
+        if not pb.using_decoupled_model_transaction_policy(self.config):
+            raise ConfigError("the llm model must be decoupled: set model_transaction_policy { decoupled: true }")
+        self.params = p = ModelParams.from_config(self.config)
+        self.outputs = {o["name"] for o in self.config.get("output", [])}
+        torch.set_num_threads(p.threads)
+        self._load(p)
+        self.limits = Limits(max_tokens=p.max_tokens, default_max_tokens=min(p.default_max_tokens, p.max_tokens))
+        self.counters = Counters()
+        self.live: dict[int, Live] = {}
+        self._cond = threading.Condition()
+        # Held across add_request + registration and across each step, so a step never produces
+        # output for a request whose sender is not registered yet.
+        self._reg = threading.Lock()
+        self._stop = False
+        self._last_k: list[int] = []
+        self._k_hist = np.zeros(K_HIST, dtype=np.int64)  # request-steps by k
+        self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
+        self._thread.start()
+        if self.agent is not None:
+            self.agent.start()
+
+    # -- set-up ----------------------------------------------------------------------------------------
+    def _load(self, p: ModelParams) -> None:
+        from control.agent import Agent
+        from control.executors.reference.calibrate import find_profile, quick_profile
+        from control.executors.reference.engine import EngineConfig, PlainDecoding, ReferenceEngine
+        from control.executors.reference.loader import load_engine_dir
+        from control.policy.spec import parse_policy_spec
+        from control.profile import load_profile
+
+        self.loaded = loaded = load_engine_dir(p.engine_dir)
+        drafters = tuple(loaded.drafters)
+        if p.drafter and p.drafter not in drafters:
+            raise ConfigError(f"llm model parameter drafter = {p.drafter!r}: not in {p.engine_dir} (it has: {', '.join(drafters)})")
+        self.policy_spec = str(parse_policy_spec(p.policy))
+        self.agent = None
+        policy = PlainDecoding()
+        if drafters:
+            if p.profile:
+                profile = load_profile(p.profile)
+            else:
+                profile = find_profile(loaded)
+                if profile is None or profile.pair != loaded.name:
+                    profile = quick_profile(loaded)
+            self.agent = Agent(profile, url=p.control_url or None, policy=self.policy_spec, drafters=drafters,
+                               max_k=p.max_k, token=p.control_token or None,
+                               source=f"triton-{self.instance}".replace(" ", "-")[:128])
+            policy = self.agent
+        self.engine = ReferenceEngine(loaded.target, loaded.drafters, policy,
+                                      EngineConfig(max_batch=p.max_batch, max_k=p.max_k,
+                                                   default_drafter=p.drafter or None))
+        tok = loaded.tokenizer
+        self._encode = loaded.encode
+        self._encode_words = lambda s: tok.encode(s, add_special_tokens=False).ids
+        self._decode = loaded.decode
+
+    # -- Triton entry points ---------------------------------------------------------------------------
+    def execute(self, requests) -> None:
+        pb = self.pb
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                tensors = {}
+                for name in INPUT_NAMES:
+                    t = pb.get_input_tensor_by_name(request, name)
+                    if t is not None:
+                        tensors[name] = t.as_numpy()
+                parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
+                                       deployment_policy=self.current_policy())
+                if isinstance(parsed, StatsRequest):
+                    self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
+                    continue
+                self._submit(parsed, sender)
+            except ConfigError as e:
+                self.counters.rejected += 1
+                self._send_error(sender, str(e))
+            except Exception as e:  # a bug must not take the instance down: fail this request only
+                self.counters.rejected += 1
+                log.exception("llm: request failed")
+                self._send_error(sender, f"internal error: {type(e).__name__}: {e}")
+        return None
+
+    def finalize(self) -> None:
+        t0 = time.monotonic()
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(10)
+        if self._thread.is_alive():
+            log.warning("llm %s: the engine loop did not stop within 10 s", self.instance)
+        for live in list(self.live.values()):
+            self._send_error(live.sender, "the server is shutting down")
+        self.live.clear()
+        t1 = time.monotonic()
+        if self.agent is not None:
+            self.agent.stop()
+        log.warning("llm %s: finalized (engine loop %.2f s, agent %.2f s)", self.instance, t1 - t0, time.monotonic() - t1)
+
+    # -- requests --------------------------------------------------------------------------------------
+    def _submit(self, req: GenerateRequest, sender) -> None:
+        with self._reg:
+            rid = self.engine.add_request(req.prompt_ids, req.params)  # ConfigError: nothing is queued
+            self.live[rid] = Live(rid, sender, req.stream, Detokenizer(self._decode), time.monotonic())
+            self.counters.requests += 1
+        with self._cond:
+            self._cond.notify()
+
+    def current_policy(self) -> str:
+        return self.agent.plan.policy if self.agent is not None else "none"
+
+    def _send(self, sender, outputs: dict[str, np.ndarray], final: bool) -> None:
+        pb = self.pb
+        tensors = [pb.Tensor(n, v) for n, v in outputs.items() if n in self.outputs]
+        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
+
+    def _send_error(self, sender, message: str) -> None:
+        pb = self.pb
+        try:
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the client is gone
+            self.counters.send_errors += 1
+
+    def _outputs(self, live: Live, text: str, ids: list[int]) -> dict[str, np.ndarray]:
+        out = {"text_output": np.array([text], dtype=object), "output_ids": np.asarray(ids, dtype=np.int32),
+               "acceptance_rate": np.array([live.accepted / live.drafted if live.drafted else 0.0], dtype=np.float32)}
+        for n in DRAFTED_OUTPUTS:
+            out[n] = np.array([live.drafted], dtype=np.int32)
+        for n in ACCEPTED_OUTPUTS:
+            out[n] = np.array([live.accepted], dtype=np.int32)
+        return out
+
+    # -- the engine loop (its own thread) --------------------------------------------------------------
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cond:
+                while not self._stop and not engine.has_work():
+                    self._cond.wait(0.5)
+                if self._stop:
+                    return
+            self._reap_cancelled()
+            try:
+                with self._reg:
+                    outs = engine.step()
+            except Exception as e:  # a failed step fails the requests in it, never the loop
+                self._step_failed(e)
+                continue
+            st = engine.last_stats
+            c = self.counters
+            c.steps += 1
+            c.busy_ms += st.total_ms
+            c.generated += st.generated
+            if st.decode_batch:
+                k = np.asarray(st.k, dtype=np.int64)
+                c.decode_steps += 1
+                c.spec_steps += int(k.size and k.max() > 0)
+                c.step_verified += st.verified
+                c.step_accepted += st.accepted
+                self._k_hist += np.bincount(np.clip(k, 0, K_HIST - 1), minlength=K_HIST)
+            self._last_k = list(st.k)
+            for out in outs:
+                self._deliver(out)
+
+    def _reap_cancelled(self) -> None:
+        for rid, live in list(self.live.items()):
+            try:
+                gone = live.sender.is_cancelled()
+            except Exception:
+                gone = True
+            if gone:
+                self._cancel(rid, live)
+
+    def _cancel(self, rid: int, live: Live) -> None:
+        self.live.pop(rid, None)
+        self.engine.cancel(rid)  # between steps: the KV slot is freed now
+        self.counters.cancelled += 1
+        try:
+            live.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            self.counters.send_errors += 1
+
+    def _deliver(self, out) -> None:
+        live = self.live.get(out.request_id)
+        if live is None:  # cancelled meanwhile
+            return
+        live.drafted, live.accepted = out.total_drafted, out.total_accepted
+        if out.finished and out.finish_reason is not None and out.finish_reason.value == "cancelled":
+            self.live.pop(out.request_id, None)
+            return
+        delta = live.detok.push(out.new_token_ids, final=out.finished)
+        try:
+            if live.stream:
+                if out.new_token_ids or out.finished:
+                    self._send(live.sender, self._outputs(live, delta, list(out.new_token_ids)), final=out.finished)
+            else:
+                live.text.append(delta)
+                live.ids.extend(out.new_token_ids)
+                if out.finished:
+                    self._send(live.sender, self._outputs(live, "".join(live.text), live.ids), final=True)
+        except Exception as e:  # the client went away: free its KV now
+            self.counters.send_errors += 1
+            self.counters.last_error = f"send: {type(e).__name__}: {e}"
+            if not out.finished:
+                self._cancel(out.request_id, live)
+            self.live.pop(out.request_id, None)
+            return
+        if out.finished:
+            self.live.pop(out.request_id, None)
+            self.counters.completed += 1
+            self.counters.drafted += out.total_drafted
+            self.counters.accepted += out.total_accepted
+
+    def _step_failed(self, e: Exception) -> None:
+        log.exception("llm: engine step failed")
+        self.counters.step_errors += 1
+        self.counters.last_error = f"step: {type(e).__name__}: {e}"
+        for rid, live in list(self.live.items()):
+            self.live.pop(rid, None)
+            self.engine.cancel(rid)
+            self.counters.failed += 1
+            self._send_error(live.sender, f"the engine failed while running this request ({type(e).__name__}: {e}); "
+                                          "retry it")
+
+    # -- stats -----------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        e = self.engine
+        c = self.counters
+        st = e.last_stats
+        doc = {
+            "instance": self.instance, "engine": Path(self.params.engine_dir).name,
+            "kv_slots": e.max_batch, "kv_slots_in_use": e.running, "free_kv_tokens": e.free_kv_slots,
+            "active_requests": len(self.live), "waiting": st.waiting,
+            "requests": c.requests, "rejected": c.rejected, "completed": c.completed, "cancelled": c.cancelled,
+            "failed": c.failed, "steps": c.steps, "step_errors": c.step_errors, "send_errors": c.send_errors,
+            "drafted": c.drafted, "accepted": c.accepted, "last_k": self._last_k, "last_error": c.last_error,
+            "busy_ms": round(c.busy_ms, 3), "decode_steps": c.decode_steps, "spec_steps": c.spec_steps,
+            "step_verified": c.step_verified, "step_accepted": c.step_accepted, "generated": c.generated,
+            "k_hist": self._k_hist.tolist(),
+            "policy": self.current_policy(),
+        }
+        if self.agent is not None:
+            doc["agent"] = self.agent.stats().to_dict()
+            doc["plan_version"] = self.agent.plan.version
+            # The newest plan the agent has received: it is applied at the next step, so an idle
+            # instance shows here what its next request will run under.
+            pending = getattr(self.agent, "_pending", None)
+            newest = pending.plan if pending is not None else self.agent.plan
+            doc["plan_received"] = {"policy": newest.policy, "version": newest.version, "max_k": newest.max_k}
+        return doc

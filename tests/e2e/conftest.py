@@ -1,0 +1,72 @@
+"""One real deployment per session: the control-plane service and tritonserver serving the quick
+CPU pair through the ``llm`` model (started once; the tests share it and restore what they change)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from control.clients.triton import model_stats
+from control.triton.deploy import Deployment, DeploymentConfig
+
+TOKEN = "e2e-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+FAST_REPLAN = ["--replan-interval", "0.25", "--min-replan", "0.5", "--keepalive", "2"]
+MAX_BATCH = 32
+MAX_TOKENS_LIMIT = 960
+
+
+@pytest.fixture(scope="session")
+def deployment(quick_engines, tmp_path_factory):
+    run = tmp_path_factory.mktemp("e2e-run")
+    cfg = DeploymentConfig(engine_dir=Path(quick_engines), run_dir=run, http_port=0, grpc_port=0, metrics_port=0,
+                           control_port=0, token=TOKEN, max_batch=MAX_BATCH, max_tokens=MAX_TOKENS_LIMIT,
+                           service_args=FAST_REPLAN)
+    dep = Deployment(cfg).start()
+    yield dep
+    dep.stop()
+
+
+def set_policy(dep: Deployment, policy: str | None, timeout_s: float = 5.0) -> float:
+    """Override the deployment's policy (None: clear overrides); seconds until the model has the plan."""
+    body = {} if policy is None else {"policy": policy}
+    t0 = time.monotonic()
+    httpx.put(f"{dep.control_url}/v1/overrides", json=body, headers=AUTH, timeout=5).raise_for_status()
+    want = policy or dep.cfg.policy
+    while time.monotonic() - t0 < timeout_s:
+        if model_stats(dep.http_url)["plan_received"]["policy"] == want:
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError(f"the llm model did not receive a plan with policy {want} within {timeout_s} s: "
+                         f"{model_stats(dep.http_url)}")
+
+
+@pytest.fixture
+def policy(deployment):
+    """Set the deployment's policy for one test; overrides are cleared afterwards."""
+    yield lambda name: set_policy(deployment, name)
+    set_policy(deployment, None)
+
+
+@pytest.fixture(scope="session")
+def reference(quick_engines):
+    """Greedy output of the reference engine run directly (no Triton, no speculation)."""
+    import torch
+
+    from control.executors.base import SamplingParams
+    from control.executors.reference.engine import EngineConfig, PlainDecoding, ReferenceEngine
+    from control.executors.reference.loader import load_engine_dir
+
+    torch.set_num_threads(1)
+    loaded = load_engine_dir(quick_engines)
+    engine = ReferenceEngine(loaded.target, loaded.drafters, PlainDecoding(), EngineConfig(max_batch=MAX_BATCH))
+
+    def generate(prompts: list[str], max_tokens: int) -> list[list[int]]:
+        res = engine.generate([loaded.encode(p) for p in prompts], SamplingParams(max_tokens=max_tokens))
+        return [r.token_ids for r in res]
+
+    generate.loaded = loaded
+    return generate
