@@ -115,6 +115,10 @@ def main(argv=None) -> int:
           f"{sum(r['policy_ms'] for r in rows) / sum(r['ms'] for r in rows):.2%}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if hasattr(policy, "_calibration"):
+        cal = np.round(policy._calibration(), 3).tolist()
+        print("confidence calibration (observed / predicted survival) per drafter:",
+              dict(zip(policy.ctx.drafters, cal, strict=True)))
     return 0
 
 

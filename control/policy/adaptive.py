@@ -37,6 +37,8 @@ from control.policy.gate import Gate
 from control.policy.types import Decision, StepOutcome, StepView
 
 REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
+CAL_PRIOR = 8.0  # confidence calibration starts at 1 (calibrated), worth this many drafted tokens
+CAL_DECAY = 0.995  # per step: the calibration follows a changing workload
 PROBE_TRIALS = 32  # first-position trials below which a drafter counts as unmeasured (probed while exploring)
 PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploration posterior: its Beta has
 # a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
@@ -59,6 +61,7 @@ class AdaptivePolicy(BasePolicy):
         K = max(ctx.max_k, 1)
         self.K = K
         self._pos_idx = np.arange(K)[None, :]  # draft positions, for masks over (n, K) arrays
+        self._cal = np.full((m, 2), CAL_PRIOR)  # per drafter: observed survival, predicted survival (sums)
         self.pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(m)]
         self.req = [RequestBeta(self._strength) for _ in range(m)]
         self.cat = CategoryRates(8)
@@ -184,6 +187,9 @@ class AdaptivePolicy(BasePolicy):
         if choice.next_cost is not None and self.ctx.confidences[d_ctx].any():
             # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
             cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
+            # the executor compares the drafter's raw running confidence; the cut is in calibrated
+            # survival, so divide by the drafter's measured survival per unit of confidence
+            cuts = cuts / self._calibration()[d_ctx]
             conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
@@ -305,11 +311,37 @@ class AdaptivePolicy(BasePolicy):
                 self.req[i].update(outcome.slots[sel], s[sel], t[sel])
         if outcome.category is not None:
             self.cat.update(outcome.category[spec], s[spec], t[spec])
+        if outcome.confidence is not None and self.ctx.confidences.any():
+            self._calibrate(outcome, d_ctx, spec)
         self._refit(outcome, d_ctx, spec)
         if self.bandit is not None:
             mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
             if mine.any():
                 self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
+
+    def _calibration(self) -> np.ndarray:
+        """Per drafter: observed survival per unit of the drafter's running confidence (1 = calibrated),
+        bounded to [1/4, 4]. Small drafts are often under-confident (their probability mass is spread
+        over a large vocabulary while their top token is usually the target's): an uncalibrated cut
+        then stops drafts that would mostly have been accepted."""
+        return np.clip(self._cal[:, 0] / self._cal[:, 1], 0.25, 4.0)
+
+    def _calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
+        conf = outcome.confidence
+        w = min(conf.shape[1], self.K)
+        pos = self._pos_idx[:, :w]
+        drafted = (pos < outcome.drafted[:, None]) & np.isfinite(conf[:, :w])
+        if not drafted.any():
+            return
+        prod = np.cumprod(np.where(drafted, conf[:, :w], 1.0), axis=1)  # predicted survival per drafted token
+        hit = (pos < outcome.accepted[:, None]) & drafted  # observed survival
+        self._cal *= CAL_DECAY
+        for i in np.unique(d_ctx[spec]):
+            if i < 0 or not self.ctx.confidences[i]:
+                continue
+            rows = spec & (d_ctx == i)
+            self._cal[i, 0] += hit[rows].sum()
+            self._cal[i, 1] += prod[rows][drafted[rows]].sum()
 
     def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""

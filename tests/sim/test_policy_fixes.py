@@ -113,3 +113,36 @@ def test_adaptive_values_tokens_of_long_context_requests_by_their_residence_cost
     assert d.k[long].min() >= 1 and d.k[~long].min() >= 1
     # the prediction stays in plain tokens: n bonus tokens plus expected accepted drafts, below n + sum k
     assert n < d.predicted_tokens < n + d.k.sum()
+
+
+def test_adaptive_calibrates_an_under_confident_drafter_before_cutting():
+    """Two policies see the same outcomes (every drafted token accepted); one drafter's running
+    confidence said 0.3 after four tokens, the other's said 1. The cut is in calibrated survival,
+    so the raw cut handed to the executor for the under-confident drafter is about half the other's
+    (uncalibrated, it stopped drafts that would have been accepted)."""
+    from control.policy.types import StepOutcome
+
+    prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
+    plan = compile_plan(prof, max_k=8, drafters=["draft"])
+    n, k = 8, 4
+
+    def view(step):
+        return StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 500),
+                              remaining=np.full(n, 400), drafters=("draft",), max_k=8, free_kv_slots=10**6,
+                              token_budget=8192, step=step)
+
+    def trained(c):
+        pol = build_policy("adaptive", plan)
+        pol.decide(view(1))
+        conf = np.full((n, 8), np.nan)
+        conf[:, :k] = c
+        for step in range(2, 60):
+            pol.observe(StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=np.zeros(n, dtype=np.int64),
+                                    ctx_lens=np.full(n, 500), drafted=np.full(n, k), verified=np.full(n, k),
+                                    accepted=np.full(n, k), confidence=conf, verify_ms=8.0, draft_ms=2.0,
+                                    total_ms=10.0, step=step))
+        return pol.decide(view(60)).conf_cut
+
+    calibrated, under = trained(1.0), trained(0.74)  # 0.74 ** 4 = 0.3
+    assert calibrated is not None and under is not None and calibrated.max() > 0
+    assert np.all(under < 0.7 * calibrated)
