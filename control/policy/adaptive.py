@@ -171,10 +171,9 @@ class AdaptivePolicy(BasePolicy):
                                   drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
         if w is not None:  # report the prediction in plain tokens
-            taken = self._pos_idx < choice.k[:, None]
-            choice = Choice(choice.k, n + float(surv[taken].sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
+            choice = Choice(choice.k, self._tokens(surv, choice.k), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
-            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv)
+            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
         if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any():
             # Speculation did not pay for requests whose drafts are in sync: evidence about the batch
             # size. (A zero that only reflects catch-up costs says nothing about the batch size.)
@@ -228,8 +227,12 @@ class AdaptivePolicy(BasePolicy):
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
 
+    def _tokens(self, surv: np.ndarray, k: np.ndarray) -> float:
+        """Expected generated tokens of a step with draft lengths ``k``: bonus tokens plus survivals."""
+        return float(k.shape[0] + surv[self._pos_idx < k[:, None]].sum())
+
     def _probe_unmeasured(self, view: StepView, choice, cap: np.ndarray, lag: np.ndarray, d_ctx: np.ndarray,
-                          surv: np.ndarray):
+                          surv: np.ndarray, cons: Constraints):
         """While the bandit explores, a request put on a drafter with almost no measured acceptance
         drafts one token even where the prior says it does not pay: otherwise a pessimistic prior is
         never tested, the drafter's requests never speculate and the bandit never sees a reward."""
@@ -242,13 +245,10 @@ class AdaptivePolicy(BasePolicy):
             return choice
         probe &= np.cumsum(probe) <= room
         k = np.where(probe, 1, choice.k)
-        tokens = float(view.n + np.where(np.arange(surv.shape[1])[None, :] < k[:, None], surv, 0.0).sum())
         step = self.cost.step_ms(view.ctx_lens, k, d_ctx, lag)
-        c = self.ctx.cons
-        if c.slo_tpot_ms is not None and not slo_ok(step, Constraints(slo_tpot_ms=c.slo_tpot_ms, slo_quantile=c.slo_quantile),
-                                                    self.cost.step_std_ms()):
+        if cons.slo_tpot_ms is not None and not slo_ok(step, cons, self.cost.step_std_ms()):
             return choice
-        return Choice(k, tokens, step, choice.plain_ms)
+        return Choice(k, self._tokens(surv, k), step, choice.plain_ms)
 
     def _residence_weights(self, view: StepView) -> np.ndarray | None:
         """Value of an accepted token per request, relative to the batch mean (None: all equal).

@@ -82,6 +82,12 @@ class DrafterBandit:
         return np.where(cnt > 0, self.g_sum[slots] / np.maximum(cnt, 1), pooled[None, :])
 
     # -- assignment ------------------------------------------------------------------------------
+    def _best_allowed(self, w: np.ndarray) -> np.ndarray:
+        """Per row, the drafter with the highest weight among those the executor runs."""
+        if self._allowed is not None:
+            w = np.where(self._allowed[None, :], w, -np.inf)
+        return np.argmax(w, axis=1)
+
     def _capacity(self, n: int) -> np.ndarray:
         cap = np.full(self.m, n, dtype=I64) if self.cap is None else np.minimum(self.cap, n)
         return cap if self._allowed is None else np.where(self._allowed, cap, 0)
@@ -128,9 +134,7 @@ class DrafterBandit:
         cap = self._capacity(n)
         cols = np.repeat(np.arange(self.m), cap)
         if cols.size < n:  # not enough capacity for everyone: extra requests use the best drafter anyway
-            if self._allowed is not None:
-                w = np.where(self._allowed[None, :], w, -np.inf)
-            return np.argmax(w, axis=1)
+            return self._best_allowed(w)
         rows, col_idx = linear_sum_assignment(w[:, cols], maximize=True)
         out = np.empty(n, dtype=I64)
         out[rows] = cols[col_idx]
@@ -167,10 +171,7 @@ class DrafterBandit:
                 if self.exploring:
                     new[missing] = self._random(int(missing.sum()))
                 else:
-                    w = self.estimates(slots[missing])
-                    if self._allowed is not None:
-                        w = np.where(self._allowed[None, :], w, -np.inf)
-                    new[missing] = np.argmax(w, axis=1)
+                    new[missing] = self._best_allowed(self.estimates(slots[missing]))
         self.switches += int(((cur >= 0) & (cur != new)).sum())
         self.assigned[slots] = new
         self.t_stage += 1
