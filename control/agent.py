@@ -13,7 +13,8 @@ publishes:
   latest version) and posts telemetry about once a second.
 - A new plan is validated and its policy built on the background thread; the engine thread applies
   it at the start of the next ``decide`` by swapping a reference. A plan naming the same policy keeps
-  the policy's learned state (``update_context``); a different policy replaces it. Nothing on the
+  the policy's learned state (``update_context``); a different policy replaces it, and the one it
+  replaces is parked with its learned state, to be resumed if a later plan names it again. Nothing on the
   engine thread waits on the network or takes a lock the network side holds.
 - ``observe`` aggregates telemetry into numpy accumulators (``TelemetryWindow``). About once a second
   the engine thread moves the finished window onto a bounded queue; when the service is slow or down
@@ -56,6 +57,7 @@ DEFAULT_PLAN_ID = "default"
 # A window closes early at this many request-steps (a fast simulator), which bounds the work of
 # turning it into a document on the network thread to a few tens of milliseconds.
 MAX_WINDOW_REQUEST_STEPS = 1 << 18
+MAX_PARKED_POLICIES = 4  # policies set aside by switches, learned state kept (oldest dropped first)
 
 
 def _segment_sums(x: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -335,6 +337,8 @@ class Agent:
         self._pending_seq = 0
         self.plans_applied = 0
         self.plans_rejected = 0
+        self.policies_resumed = 0
+        self._parked: dict[str, Policy] = {}  # policy spec -> instance set aside by a switch, learned state kept
         self.last_apply_delay_s = 0.0
         self.steps = 0
         self.policy_errors = 0
@@ -421,11 +425,35 @@ class Agent:
                 self._error(f"policy {self._policy.name} could not take plan {p.plan_id}: {type(e).__name__}: {e}")
                 self._policy = p.policy
         else:
-            self._policy = p.policy
+            self._policy = self._switch(old.policy, p)
         self._plan = p.plan
         self._plan_id = p.plan_id
         self.plans_applied += 1
         self.last_apply_delay_s = time.monotonic() - p.received
+
+    def _switch(self, old_spec: str, p: _Pending) -> Policy:
+        """The policy for a plan naming a different policy than the running one.
+
+        The running policy is parked with what it has learned (acceptance, cost refit, drafter
+        bandit) and a parked instance of the new plan's policy is resumed on the new plan, so an
+        override to fixed k and back does not send the adaptive policy through its cold start again.
+        Parked policies hold per-slot state keyed by request id, so requests that came and went while
+        it was parked are recognised as new when it resumes.
+        """
+        if hasattr(self._policy, "update_context"):
+            self._parked[old_spec] = self._policy
+            while len(self._parked) > MAX_PARKED_POLICIES:
+                self._parked.pop(next(iter(self._parked)))
+        parked = self._parked.pop(p.plan.policy, None)
+        if parked is None:
+            return p.policy
+        try:
+            parked.update_context(p.policy.ctx)
+        except Exception as e:
+            self._error(f"policy {parked.name} could not resume on plan {p.plan_id}: {type(e).__name__}: {e}")
+            return p.policy
+        self.policies_resumed += 1
+        return parked
 
     def offer_plan(self, plan: Plan, plan_id: str) -> bool:
         """Validate ``plan`` and build its policy (network thread); the engine applies it on its next step.

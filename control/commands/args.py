@@ -18,6 +18,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def nonnegative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be an integer >= 0")
+    return v
+
+
 def port(text: str) -> int:
     try:
         v = int(text)

@@ -39,7 +39,7 @@ def _policies(text: str) -> list[str]:
     return out
 
 
-def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str) -> None:
+def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str, warmup: int = 16) -> None:
     p.add_argument("--workload", default="corpus",
                    help="corpus (Poisson arrivals, held-out corpus prompts; default), or a trace/prompt set replayed "
                         "with rescaled times and lengths: azure-code, azure-conv, mooncake, sharegpt, spec-bench, poisson:...")
@@ -56,6 +56,9 @@ def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str) -> N
     p.add_argument("--slo-tpot-ms", type=A.positive_float, default=100.0, help="TPOT SLO in ms (default 100)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--repeats", type=A.positive_int, default=1, help="runs per policy and load, interleaved (default 1)")
+    p.add_argument("--warmup-requests", type=A.nonnegative_int, default=warmup,
+                   help="requests each policy serves, unmeasured, before the measured runs, at half the capacity: a "
+                        f"learning policy starts from what a running deployment knows, not cold (default {warmup}; 0: none)")
 
 
 def register(sub) -> None:
@@ -128,6 +131,16 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 capacity, _ = measure_capacity(ep, creqs, on_done=lambda d: prog.update(task, completed=d))
             meta["capacity_req_s"] = round(capacity, 4)
             console.print(f"no-speculation capacity: {capacity:.3f} req/s")
+            if args.warmup_requests:
+                wreqs = make_requests(args.workload, args.warmup_requests, seed=args.seed + 2,
+                                      prompt_chars=args.prompt_chars, max_tokens=args.max_tokens)
+                meta["warmup"] = f"{wreqs.n} requests per policy at load 0.5, unmeasured, before the runs"
+                for pol in args.policies:
+                    switch_policy(ep, pol)
+                    task = prog.add_task(f"warm-up {pol}", total=wreqs.n)
+                    run_once(ep, wreqs, policy=pol, load=0.5, rate=0.5 * capacity, seed=args.seed + 1000, slo=slo,
+                             on_done=lambda d, t=task: prog.update(t, completed=d))
+                    prog.remove_task(task)
             overall = prog.add_task("runs", total=runs)
             for rep in range(args.repeats):
                 for load in args.loads:

@@ -25,7 +25,7 @@ def register(sub) -> None:
                                    "at a couple of loads, the table and the dashboard URL, then a clean shutdown.")
     p.add_argument("--engine-dir", default="engines/cpu", help="use the pair built here when it exists (default engines/cpu)")
     p.add_argument("--quick-dir", default="engines/cpu-quick", help="where to build the quick pair otherwise")
-    add_load_args(p, requests=24, loads="0.5,1.0")
+    add_load_args(p, requests=24, loads="0.5,1.0", warmup=8)
     p.add_argument("--keep", type=A.positive_float, default=0.0,
                    help="seconds to keep serving after the benchmark (to look at the dashboard; default 0)")
     p.add_argument("--out", default="runs/demo", help="report directory (default runs/demo)")

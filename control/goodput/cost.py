@@ -111,12 +111,16 @@ class RecursiveCost:
         self._sq_err = 0.0
         self._abs_pct = 0.0
         self._prior = prior
+        self._prior_theta = tuple(self.theta)
+        self._prior_sq_err = 0.0  # the prior model's one-step error on the same observations (same weights)
 
     def update(self, n_ctx: float, n_batched: float, t_ms: float, passes: float = 1.0) -> float:
         """Add one observation; returns the prediction error (measured - predicted) before the update."""
         x = (n_ctx / self._scale[0], n_batched / self._scale[1], float(passes))
         th, P, lam = self.theta, self.P, self.lam
         err = float(t_ms) - (x[0] * th[0] + x[1] * th[1] + x[2] * th[2])
+        p0 = self._prior_theta
+        err0 = float(t_ms) - (x[0] * p0[0] + x[1] * p0[1] + x[2] * p0[2])
         Px = [P[i][0] * x[0] + P[i][1] * x[1] + P[i][2] * x[2] for i in range(3)]
         denom = lam + x[0] * Px[0] + x[1] * Px[1] + x[2] * Px[2]
         g = [v / denom for v in Px]
@@ -134,6 +138,7 @@ class RecursiveCost:
         self.n += 1
         w = lam
         self._sq_err = w * self._sq_err + (1 - w) * err * err if self.n > 1 else err * err
+        self._prior_sq_err = w * self._prior_sq_err + (1 - w) * err0 * err0 if self.n > 1 else err0 * err0
         if t_ms > 0:
             pct = abs(err) / t_ms * 100.0
             self._abs_pct = w * self._abs_pct + (1 - w) * pct if self.n > 1 else pct
@@ -146,6 +151,17 @@ class RecursiveCost:
         p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
         for i in range(t.size):
             self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]))
+
+    def improves_on_prior(self, min_obs: int = 32, margin: float = 0.8) -> bool:
+        """Whether the online fit has predicted the recent observations clearly better than the prior.
+
+        Both errors are one-step-ahead (each observation is predicted before it updates the fit), with
+        the same forgetting, so this is an out-of-sample comparison. On a machine whose step times
+        jitter around an accurate profile, the refit chases noise and predicts no better: the prior is
+        kept (and the policy's decisions stay reproducible). When the system drifts (throttling, a
+        different load, a profile from another machine) the prior's error grows and the refit wins.
+        """
+        return self.n >= min_obs and self._sq_err < margin * margin * self._prior_sq_err
 
     @property
     def cost(self) -> LinearCost:

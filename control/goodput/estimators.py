@@ -112,7 +112,10 @@ class PositionRates:
         self._cache = None
 
     def set_prior(self, prior) -> None:
-        p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (self.max_k,)).copy()
+        p = np.asarray(prior, dtype=np.float64).reshape(-1)
+        if 1 < p.size < self.max_k:  # a plan with a smaller max_k: its last position's rate for the rest
+            p = np.concatenate([p, np.full(self.max_k - p.size, p[-1])])
+        p = np.broadcast_to(p if p.size > 1 else p.reshape(()), (self.max_k,)).copy()
         for v in p:
             _check_rate("prior", float(v))
         self.prior = p

@@ -87,7 +87,8 @@ class AdaptivePolicy(BasePolicy):
             self.bandit.keep_p = EXPLORE_KEEP
 
     def update_context(self, ctx: PolicyContext) -> None:
-        same_drafters = ctx.drafters == self.ctx.drafters and ctx.max_k == self.ctx.max_k
+        # a smaller max_k keeps the estimators (their extra positions are never admitted: caps() bound k)
+        same_drafters = ctx.drafters == self.ctx.drafters and max(ctx.max_k, 1) <= self.K
         super().update_context(ctx)
         if not same_drafters:
             self._setup(ctx)
@@ -222,7 +223,7 @@ class AdaptivePolicy(BasePolicy):
             self._steps_key = key
         # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
         tokens = (1.0 - np.power.outer(rate, self._kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
-        best = (tokens * self._steps).max(axis=2)
+        best = (tokens * self._steps)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
@@ -371,10 +372,12 @@ class AdaptivePolicy(BasePolicy):
         self._since_refit += 1
         if self._since_refit >= REFIT_EVERY:
             self._since_refit = 0
+            # each model's online fit replaces the profile's only once it predicts the steps better
+            rd = self.rls_draft
             drafters = tuple(
-                DrafterCost(d.name, d.kind, self.rls_draft[i].cost if self.rls_draft[i] is not None and self.rls_draft[i].n else d.model,
+                DrafterCost(d.name, d.kind, rd[i].cost if rd[i] is not None and rd[i].improves_on_prior() else d.model,
                             d.const_ms, d.sink, d.window)
                 for i, d in enumerate(self.ctx.cost.drafters)
             )
-            target = self.rls_target.cost if self.rls_target.n else self.ctx.cost.target
+            target = self.rls_target.cost if self.rls_target.improves_on_prior() else self.ctx.cost.target
             self.cost = StepCostModel(target, drafters, self.ctx.cost.overhead_ms)

@@ -74,6 +74,26 @@ def test_recursive_fit_tracks_a_drifting_system():
         assert abs(c.predict(B * S, B * T) - want) / want < 0.05
 
 
+def test_the_online_fit_replaces_the_prior_only_when_it_predicts_better():
+    rng = np.random.default_rng(2)
+    true = np.array([5e-3, 0.6, 18.0])  # the CPU pair's target at one thread
+    rls = RecursiveCost(LinearCost(*true))
+
+    def steps(n, coef, jitter):
+        for _ in range(n):
+            B = int(rng.integers(1, 17))
+            ctx, tok = B * int(rng.integers(64, 300)), B * int(rng.integers(1, 9))
+            rls.update(ctx, tok, float(coef @ [ctx, tok, 1.0]) * (1 + jitter * rng.standard_normal()))
+
+    steps(400, true, 0.15)  # an accurate profile on a jittery machine: the refit only chases noise
+    assert not rls.improves_on_prior()
+    steps(400, true * np.array([1.0, 1.5, 1.4]), 0.15)  # the machine slowed down: the prior is now wrong
+    assert rls.improves_on_prior()
+    want = true * np.array([1.0, 1.5, 1.4]) @ [16 * 200, 16 * 3, 1.0]
+    assert abs(rls.cost.predict(16 * 200, 16 * 3) - want) / want < 0.1
+    assert not RecursiveCost(LinearCost(*true)).improves_on_prior()  # no evidence yet
+
+
 def test_step_cost_composition_per_drafter_kind():
     target = LinearCost(1e-4, 0.05, 5.0)
     dm = DrafterCost("d", DrafterKind.draft_model, LinearCost(1e-5, 0.01, 1.0))

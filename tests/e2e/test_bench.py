@@ -23,7 +23,7 @@ def test_bench_switches_policies_and_writes_the_bench_schema(deployment, tmp_pat
     cmd = [sys.executable, "-m", "control", "bench", "--url", f"grpc://{deployment.grpc_url}", "--http-url",
            deployment.http_url, "--control-url", deployment.control_url, "--token", TOKEN, "--requests", "6",
            "--loads", "1.0", "--policies", "none,fixed:2", "--capacity", "20", "--max-tokens", "16",
-           "--json", str(out), "--report", str(md)]
+           "--warmup-requests", "2", "--json", str(out), "--report", str(md)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = load_json(out)
@@ -36,6 +36,7 @@ def test_bench_switches_policies_and_writes_the_bench_schema(deployment, tmp_pat
     assert max(i for i, c in enumerate(details["fixed:2"]["k_hist"]) if c) == 2  # k never above the plan's 2
     assert all(rows[p]["mean_latency_s"] > 0 and rows[p]["goodput_tok_s"] > 0 for p in rows)
     assert doc["meta"]["capacity_req_s"] == 20
+    assert doc["meta"]["warmup"].startswith("2 requests per policy")  # served, unmeasured: no rows of its own
     assert "| 1 | fixed:2 |" in md.read_text() and (tmp_path / "bench.latency.png").stat().st_size > 0
     # It cleaned up after itself: no override left behind.
     assert httpx.get(f"{deployment.control_url}/v1/overrides", timeout=5).json().get("policy") is None

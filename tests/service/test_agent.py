@@ -151,3 +151,36 @@ def test_agent_configuration_is_validated():
                           ({"source": "has space"}, "agent source 'has space'")):
         with pytest.raises(ConfigError, match=re.escape(words)):
             Agent(profile, **kwargs)
+
+
+def test_switching_away_and_back_resumes_the_learned_policy():
+    """An override to another policy parks the adaptive policy with what it learned; naming adaptive
+    again resumes that instance on the new plan instead of starting cold."""
+    profile = make_profile(acceptance={"draft": 0.5, "ngram": 0.4})
+    agent = Agent(profile, policy="adaptive")
+    engine = SyntheticEngine(agent, profile.step_cost(), batch=8, alpha={"draft": 0.95, "ngram": 0.3}, seed=1)
+    for _ in range(150):
+        engine.step()
+    learned = agent.policy
+    i = learned.ctx.drafters.index("draft")
+    rate = learned.pooled_rate(i)
+    assert rate > 0.8  # it measured the draft's 0.95, far from the profile's 0.5
+    assert agent.offer_plan(compile_plan(profile, policy="fixed:2", version=2), "svc:2")
+    for _ in range(60):  # requests finish and new ones take their slots while adaptive is parked
+        engine.step()
+    assert agent.policy.name == "fixed:2" and agent.stats().policy_errors == 0
+    assert agent.offer_plan(compile_plan(profile, policy="adaptive", max_k=5, version=3), "svc:3")
+    engine.step()
+    assert agent.policy is learned and agent.policies_resumed == 1 and agent.plan.max_k == 5
+    assert learned.pooled_rate(i) >= rate - 0.05  # what it learned survived the round trip
+    for _ in range(40):
+        engine.step()
+    assert engine.stats.failed == 0 and agent.stats().policy_errors == 0
+    assert max(engine.stats.k_max_by_step[-40:]) <= 5  # and it runs on the new plan's limits
+    # A different drafter set cannot reuse what was learned for the old one: a fresh start.
+    assert agent.offer_plan(compile_plan(profile, policy="fixed:1", version=4), "svc:4")
+    engine.step()
+    assert agent.offer_plan(compile_plan(profile, policy="adaptive", drafters=["ngram"], version=5), "svc:5")
+    engine.step()
+    assert agent.policy is learned and learned.ctx.drafters == ("ngram",)
+    assert learned.pooled_rate(0) < 0.6  # relearned for ngram from its prior, not the draft's 0.95
