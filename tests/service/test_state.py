@@ -97,6 +97,21 @@ def test_refit_learns_a_slower_gpu_and_republishes():
     assert before > 25.0 and after < 6.0, (before, after)
 
 
+def test_an_accurate_profile_on_a_jittery_machine_is_kept_not_refitted():
+    """Step times that scatter +-20% around the profile: a refit would only fit the noise, so the
+    service keeps the profile's coefficients (the policies then plan with the true costs)."""
+    profile = make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0))
+    st, clock = _state(profile)
+    engines = _engines(profile, profile, {"draft": 0.7, "ngram": 0.4}, batches=(12, 14, 16, 16))
+    for e in engines:
+        e.noise = 0.2
+    _feed(st, engines, 80, clock, windows=3)
+    st.maybe_replan()
+    assert st.refit.samples_in("target") >= 32 and not st.refit.refitted
+    assert st.plan.profile.models == profile.models
+    assert "online_refit" not in st.plan.profile.environment or not st.plan.profile.environment["online_refit"]
+
+
 def test_steady_state_is_not_republished_but_an_acceptance_shift_is():
     profile = make_profile(acceptance={"draft": 0.7, "ngram": 0.4})
     st, clock = _state(profile)
