@@ -160,15 +160,17 @@ def make_requests(workload: str, n: int, *, seed: int = 0, prompt_chars: float =
 
 
 # -- the control plane ------------------------------------------------------------------------------
-def switch_policy(ep: Endpoints, policy: str, timeout_s: float = 15.0) -> float:
-    """Set the deployment's policy through the override API; seconds until the model has the plan."""
+def switch_policy(ep: Endpoints, policy: str, timeout_s: float = 15.0, drafters: list[str] | None = None) -> float:
+    """Set the deployment's policy (and, when given, its drafter set) through the override API; seconds
+    until the model has the plan."""
     if ep.control is None:
         raise ConfigError("switching policies needs --control-url (the control-plane service) and its token")
     if not ep.token:
         raise ConfigError("switching policies needs the control plane's token: pass --token or set SPECCTL_TOKEN")
     t0 = time.monotonic()
     try:
-        r = httpx.put(f"{ep.control}/v1/overrides", json={"policy": policy}, timeout=10,
+        body = {"policy": policy} if not drafters else {"policy": policy, "drafters": list(drafters)}
+        r = httpx.put(f"{ep.control}/v1/overrides", json=body, timeout=10,
                       headers={"Authorization": f"Bearer {ep.token}"})
     except httpx.HTTPError as e:
         raise SpecctlError(f"cannot reach the control plane at {ep.control}: {type(e).__name__}: {e}") from None

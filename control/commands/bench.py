@@ -55,6 +55,9 @@ def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str, warm
     p.add_argument("--slo-ttft-s", type=A.positive_float, default=2.0, help="TTFT SLO in seconds (default 2)")
     p.add_argument("--slo-tpot-ms", type=A.positive_float, default=100.0, help="TPOT SLO in ms (default 100)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--drafters", type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
+                   help="drafter set every policy runs with, e.g. draft-small (default: the deployment's; the "
+                        "control plane rejects names the profile does not have)")
     p.add_argument("--repeats", type=A.positive_int, default=1, help="runs per policy and load, interleaved (default 1)")
     p.add_argument("--warmup-requests", type=A.nonnegative_int, default=warmup,
                    help="requests each policy serves, unmeasured, before the measured runs, at half the capacity: a "
@@ -117,6 +120,8 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
     meta = {"harness": "specctl bench (live Triton, gRPC streaming)", "grpc": ep.grpc, "requests_per_run": reqs.n,
             "loads": ",".join(f"{x:g}" for x in args.loads), "policies": ",".join(args.policies),
             "slo_ttft_s": slo.ttft_s, "slo_tpot_ms": slo.tpot_ms, "repeats": args.repeats, **reqs.notes}
+    if args.drafters:
+        meta["drafters"] = ",".join(args.drafters)
     runs = len(args.loads) * len(args.policies) * args.repeats
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as prog:
@@ -136,7 +141,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                                       prompt_chars=args.prompt_chars, max_tokens=args.max_tokens)
                 meta["warmup"] = f"{wreqs.n} requests per policy at load 0.5, unmeasured, before the runs"
                 for pol in args.policies:
-                    switch_policy(ep, pol)
+                    switch_policy(ep, pol, drafters=args.drafters)
                     task = prog.add_task(f"warm-up {pol}", total=wreqs.n)
                     run_once(ep, wreqs, policy=pol, load=0.5, rate=0.5 * capacity, seed=args.seed + 1000, slo=slo,
                              on_done=lambda d, t=task: prog.update(t, completed=d))
@@ -145,7 +150,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
             for rep in range(args.repeats):
                 for load in args.loads:
                     for pol in args.policies:
-                        switch_policy(ep, pol)
+                        switch_policy(ep, pol, drafters=args.drafters)
                         time.sleep(0.2)
                         task = prog.add_task(f"load {load:g} {pol}", total=reqs.n)
                         row = run_once(ep, reqs, policy=pol, load=load, rate=load * capacity, seed=args.seed + rep,

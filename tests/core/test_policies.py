@@ -187,3 +187,28 @@ def test_specserve_prunes_unlikely_tails():
     conf[1, :5] = [0.9, 0.05, 0.9, 0.9, 0.9]
     keep = pol.prune(v, d, np.array([5, 5]), conf)
     assert keep[0] == 5 and keep[1] <= 1
+
+
+def test_adaptive_runs_one_draft_model_per_step_while_ngram_mixes_freely():
+    """Two draft models in one batch pay both models' per-pass costs: whatever the bandit draws, a
+    step's model-drafted requests share one model; n-gram requests keep their drafter."""
+    from control.profile import parse_profile
+
+    doc = make_profile().model_dump(mode="json", by_alias=True)
+    doc["models"]["tiny"] = {"a_ms_per_ctx_token": 1e-6, "b_ms_per_batched_token": 0.001, "c_ms": 0.4}
+    doc["drafters"].append({"name": "tiny", "kind": "draft_model", "model": "tiny"})
+    doc["acceptance"]["tiny"] = 0.68  # close to draft's 0.7: the bandit explores both
+    profile = parse_profile(doc)
+    pol = build_policy("adaptive", compile_plan(profile, max_k=6))
+    drafters = tuple(pol.ctx.drafters)
+    models = {i for i, d in enumerate(drafters) if d != "ngram"}
+    rng = np.random.default_rng(0)
+    mixed_models = 0
+    for step in range(1, 200):
+        view = _view(rng, 12, step=step, ctx=500, drafters=drafters, rid0=1000 * (step // 40))
+        d = pol.decide(view)
+        used = {int(x) for x, k in zip(d.drafter, d.k, strict=True) if k > 0}
+        mixed_models += len(used & models) > 1
+        pol.observe(_outcome(view, d, rng.integers(0, 7, 12)))
+    assert mixed_models == 0
+    assert pol.bandit.switches > 0  # the bandit did explore across drafters
