@@ -94,7 +94,7 @@ def llmapi(tmp_path_factory, tiny_checkpoints, llmapi_profile):
         repo = build_repository(work, tiny_checkpoints, llmapi_profile, control_url, TOKEN, FAIL_TOKEN)
         srv = TritonServer(repo, work / "run", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                            pythonpath=[str(ROOT)],
-                           extra_args=["--model-load-thread-count=2", "--exit-timeout-secs=10"])
+                           extra_args=["--model-load-thread-count=2", "--exit-timeout-secs=5"])
         srv.start(timeout_s=240)
         try:
             yield LlmApiDeployment(srv, control_url, tiny_checkpoints, repo)
