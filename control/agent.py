@@ -19,6 +19,10 @@ publishes:
 - ``observe`` aggregates telemetry into numpy accumulators (``TelemetryWindow``). About once a second
   the engine thread moves the finished window onto a bounded queue; when the service is slow or down
   the oldest windows are dropped and counted, never waited for.
+- ``observe_positions`` is for engines that report acceptance per request rather than per step
+  (TensorRT-LLM's ``request_perf_metrics``): the request's per-position counts go into the same
+  window. Call it from the thread that owns the agent's window (the one calling ``observe``), or
+  from the only thread that touches the agent when nothing calls ``decide``/``observe``.
 
 Usage from an engine loop (the Triton model hosts one agent per executor)::
 
@@ -94,6 +98,23 @@ class TelemetryWindow:
         self.pos = 0  # request-steps filled
         self.steps = 0
         self._decided = -1  # n of the decision waiting for its outcome
+        # Acceptance reported per request (observe_positions): per drafter the position trials and
+        # acceptances, and (request-steps, drafted, verified, accepted); requests finished.
+        self.extra_pos = np.zeros((2, self.m, K_BUCKETS - 1), dtype=np.int64)
+        self.extra_tok = np.zeros((4, self.m), dtype=np.int64)
+        self.extra_finished = 0
+
+    @property
+    def has_data(self) -> bool:
+        return self.steps > 0 or self.extra_finished > 0
+
+    def on_positions(self, drafter: int, steps: int, drafted: int, accepted: int, trials, acc) -> None:
+        d = min(max(int(drafter), 0), self.m - 1)
+        n = min(len(trials), K_BUCKETS - 1)
+        self.extra_pos[0, d, :n] += np.asarray(trials[:n], dtype=np.int64)
+        self.extra_pos[1, d, :n] += np.asarray(acc[:n], dtype=np.int64)
+        self.extra_tok[:, d] += (steps, drafted, drafted, accepted)
+        self.extra_finished += 1
 
     def _grow(self, n: int) -> None:
         need = self.pos + n
@@ -162,10 +183,11 @@ class TelemetryWindow:
         base = d * K_BUCKETS
         tried = np.bincount(base + np.where(spec, np.minimum(accepted + 1, verified), 0), minlength=size).reshape(m, K_BUCKETS)
         acc = np.bincount(base + np.where(spec, accepted, 0), minlength=size).reshape(m, K_BUCKETS)
-        trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
-        acc_pos = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+        trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[0]
+        acc_pos = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[1]
         tok = np.stack([np.bincount(d, weights=w, minlength=m) for w in (spec, drafted * spec, verified * spec,
                                                                         accepted * spec)]).astype(np.int64)
+        tok += self.extra_tok
         drafters, remap = [], {}
         for i, name in enumerate(self.drafters):
             if tok[1, i] == 0 or (known is not None and name not in known):
@@ -181,7 +203,8 @@ class TelemetryWindow:
             "schema": TELEMETRY_SCHEMA, "source": source, "seq": seq, "plan_version": plan_version, "plan_id": plan_id,
             "window_s": max(self.closed_at - self.started, 1e-6), "steps": self.steps,
             "spec_steps": int((spec_per_step > 0).sum()), "request_steps": self.pos, "ctx_tokens": int(ctx.sum()),
-            "max_batch": int(n_step.max(initial=0)), "finished": int(S[:, self.S_FINISHED].sum()),
+            "max_batch": int(n_step.max(initial=0)),
+            "finished": int(S[:, self.S_FINISHED].sum()) + self.extra_finished,
             "k_hist": np.bincount(np.clip(k, 0, top), minlength=K_BUCKETS).tolist(),
             "measured_ms_sum": float(total.sum()), "predicted_steps": int(has_pred.sum()),
             "predicted_ms_sum": float(pred[has_pred].sum()), "predicted_measured_ms_sum": float(total[has_pred].sum()),
@@ -414,6 +437,22 @@ class Agent:
         if now - w.started >= self.interval or w.pos >= MAX_WINDOW_REQUEST_STEPS:
             self._close_window(now)
 
+    def observe_positions(self, drafter: str, steps: int, drafted: int, accepted: int,
+                          trials: Sequence[int], accepted_at: Sequence[int]) -> None:
+        """One finished request's acceptance, per draft position (``trials[j]``: times position j + 1
+        was evaluated, ``accepted_at[j]``: accepted), from an engine without per-step outcomes.
+        ``steps``: the request's speculative steps. An unknown drafter name is counted as an error."""
+        if drafter not in self.drafters:
+            self._error(f"observe_positions: drafter {drafter!r} is not one of {', '.join(self.drafters)}")
+            return
+        w = self._window
+        if w is None or w.drafters != self.drafters:
+            w = self._open_window(self.drafters)
+        w.on_positions(self.drafters.index(drafter), steps, drafted, accepted, trials, accepted_at)
+        now = time.monotonic()
+        if now - w.started >= self.interval:
+            self._close_window(now)
+
     # -- plans -------------------------------------------------------------------------------------
     def _apply(self, p: _Pending) -> None:
         self._applied_seq = p.seq
@@ -486,7 +525,7 @@ class Agent:
     # -- telemetry (engine thread) -----------------------------------------------------------------
     def _open_window(self, drafters: tuple[str, ...]) -> TelemetryWindow:
         now = time.monotonic()
-        if self._window is not None and self._window.steps:
+        if self._window is not None and self._window.has_data:
             self._close_window(now)
         self._window = TelemetryWindow(drafters, self.max_samples, now, self._rng)
         return self._window
@@ -534,7 +573,7 @@ class Agent:
         link = self._link
         if link is None:
             return
-        if self._window is not None and self._window.steps:
+        if self._window is not None and self._window.has_data:
             self._close_window(time.monotonic())
         link.stop(timeout_s)
         self._link = None

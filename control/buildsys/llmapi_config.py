@@ -106,28 +106,36 @@ def llmapi_options(recipe: Recipe, native: dict[int, int], line: str, model_dir:
     return opts
 
 
-def llm_model_config(recipe: Recipe, control: str) -> str:
+def llm_model_config(recipe: Recipe, control: str, model: str) -> str:
     """Triton ``llm`` model config (Python backend, decoupled) on the TensorRT-LLM executor.
 
-    The model's code (``model.py``) comes from the serving work's ``triton_repo/llm``; this config
-    names the executor and the files it loads, with the request/response names DESIGN.md section 5
-    keeps compatible with tensorrtllm_backend's ensemble and BLS models.
+    The model's code (``model.py``) is the project's ``triton_repo/llm/1/model.py``
+    (``control/triton/llmapi_model.py`` serves ``executor: trtllm``); this config names the executor
+    and what it loads (``model``: the target checkpoint ``LLM(model, ...)`` takes), with the
+    request/response names DESIGN.md section 5 keeps compatible with tensorrtllm_backend's ensemble
+    and BLS models and the same inputs as the reference path's config (``text_input`` or
+    ``input_ids``; ``policy`` and ``stats`` are ours).
     """
     def tensor(name, dtype, dims="[ 1 ]", optional=True):
         return (f"  {{\n    name: \"{name}\"\n    data_type: {dtype}\n    dims: {dims}\n"
                 + ("    optional: true\n" if optional else "") + "  }")
 
-    inputs = [tensor("text_input", "TYPE_STRING", optional=False), tensor("input_ids", "TYPE_INT32", "[ -1 ]"),
+    inputs = [tensor("text_input", "TYPE_STRING"), tensor("input_ids", "TYPE_INT32", "[ -1 ]"),
               tensor("max_tokens", "TYPE_INT32"), tensor("stream", "TYPE_BOOL"), tensor("temperature", "TYPE_FP32"),
               tensor("top_k", "TYPE_INT32"), tensor("top_p", "TYPE_FP32"), tensor("random_seed", "TYPE_UINT64"),
               tensor("stop_words", "TYPE_STRING", "[ -1 ]"), tensor("bad_words", "TYPE_STRING", "[ -1 ]"),
-              tensor("num_draft_tokens", "TYPE_INT32")]
+              tensor("end_id", "TYPE_INT32"), tensor("num_draft_tokens", "TYPE_INT32"), tensor("policy", "TYPE_STRING"),
+              tensor("stats", "TYPE_BOOL")]
+    # Speculation metrics under tensorrtllm_backend's names and under ours (what `specctl generate`
+    # and `specctl bench` read, as from the reference path's config).
     outputs = [tensor("text_output", "TYPE_STRING", "[ -1 ]", False), tensor("output_ids", "TYPE_INT32", "[ -1 ]", False),
                tensor("total_draft_tokens", "TYPE_INT32", optional=False),
                tensor("total_accepted_draft_tokens", "TYPE_INT32", optional=False),
+               tensor("drafted_tokens", "TYPE_INT32", optional=False),
+               tensor("accepted_tokens", "TYPE_INT32", optional=False),
                tensor("acceptance_rate", "TYPE_FP32", optional=False)]
-    params = {"executor": "trtllm", "llm_api_options": "@OUT@/llm_api_options.yaml", "plan": "@OUT@/plan.yaml",
-              "control": control, "sku": recipe.sku, "pair": recipe.pair}
+    params = {"executor": "trtllm", "llm_api_options": "@OUT@/llm_api_options.yaml", "model": model,
+              "plan": "@OUT@/plan.yaml", "control": control, "sku": recipe.sku, "pair": recipe.pair}
     ptxt = "\n".join(f'parameters: {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
     return (f'name: "llm"\nbackend: "python"\nmax_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
             f"input [\n{','.join(chr(10) + i for i in inputs).lstrip(chr(10))}\n]\n"
@@ -171,7 +179,7 @@ def pytorch_artifacts(recipe: Recipe, resolved: ResolvedProfile, line: str, fit:
         "draft_len_schedule": {"canonical": canonical, line: native},
         "memory_fit": fit.lines(),
     }, sort_keys=False))
-    art.add("triton_repo/llm/config.pbtxt", llm_model_config(recipe, control))
+    art.add("triton_repo/llm/config.pbtxt", llm_model_config(recipe, control, model_dir))
     art.steps.append(Step("point the configs at this directory", [],
                           raw='sed -i "s|@OUT@|$OUT|g" "$OUT/triton_repo/llm/config.pbtxt" "$OUT/llm_api_options.yaml"'))
     art.add("build.sh", art.script(f"{recipe.sku}/{recipe.pair}: TensorRT-LLM {line} PyTorch backend"))

@@ -81,7 +81,9 @@ BACKEND_METHODS = {
 
 # Methods whose k can change per request per step under our control (BLS orchestrator on engines,
 # the drafter hook on the LLM API). EAGLE-1 engines and one-model drafters decide inside the engine.
-PER_STEP_K = {"pytorch": (Method.draft_target, Method.ngram), "tensorrt": (Method.draft_target, Method.ngram)}
+# On the LLM API the hook replaces TensorRT-LLM's drafter, so it serves only what we can draft in
+# process (n-gram); draft-target keeps TensorRT-LLM's draft model and the compiled schedule.
+PER_STEP_K = {"pytorch": (Method.ngram,), "tensorrt": (Method.draft_target, Method.ngram)}
 
 # EAGLE-1 engine limits (examples/eagle/README.md: ``--max_draft_len 63 --num_eagle_layers 4``;
 # tensorrt_llm/models/eagle/config.py caps num_eagle_layers at 4 in the versions read).

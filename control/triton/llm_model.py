@@ -1,6 +1,9 @@
 """The ``llm`` Triton model: one engine loop per model instance, the controller (agent) inside it.
 
-``triton_repo/llm/1/model.py`` is a thin shim that hands Triton's calls to ``LlmModel``:
+``triton_repo/llm/1/model.py`` is a thin shim that hands Triton's calls to ``load_model``, which
+returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve`` renders) or
+``LlmApiModel`` (``control/triton/llmapi_model.py``, ``executor: trtllm``, what ``specctl build
+--backend pytorch`` renders). ``LlmModel``:
 
 - ``initialize`` reads the model parameters (``config.pbtxt``, rendered by ``specctl serve``): the
   executor and engine directory, the profile, the policy, the control-plane URL and token, limits;
@@ -45,16 +48,30 @@ log = logging.getLogger("specctl.triton.llm")
 
 INPUT_NAMES = ("text_input", "input_ids", "max_tokens", "stream", "temperature", "top_k", "top_p", "random_seed",
                "stop_words", "bad_words", "end_id", "num_draft_tokens", "policy", "stats")
-EXECUTORS = ("reference",)
+EXECUTORS = ("reference", "trtllm")
+CONTROLS = ("drafter-hook", "static-schedule")
 K_HIST = 17  # k = 0..16
 
 
 @dataclass(frozen=True)
 class ModelParams:
-    """The ``parameters`` of the llm model's config.pbtxt."""
+    """The ``parameters`` of the llm model's config.pbtxt.
+
+    ``executor: reference`` needs ``engine_dir``; ``executor: trtllm`` needs ``llm_api_options`` (the
+    LLM API options ``specctl build`` wrote) and ``model`` (the target checkpoint; else the options'
+    ``model`` key), and takes ``plan`` (the build's plan: the agent's profile, policy and K),
+    ``control`` (``drafter-hook`` or ``static-schedule``), ``sku`` and ``pair``.
+    """
 
     executor: str = "reference"
     engine_dir: str = ""
+    llm_api_options: str = ""
+    model: str = ""
+    plan: str = ""
+    control: str = "static-schedule"
+    sku: str = ""
+    pair: str = ""
+    cancel_check_ms: int = 50
     profile: str = ""
     policy: str = "adaptive"
     max_k: int = 8
@@ -83,10 +100,20 @@ class ModelParams:
                 kw[f.name] = v
         p = cls(**kw)
         if p.executor not in EXECUTORS:
-            raise ConfigError(f"llm model parameter executor = {p.executor!r}: this model runs {', '.join(EXECUTORS)} "
-                              "(the TensorRT-LLM LLM-API path is not wired into this model yet)")
-        if not p.engine_dir:
+            raise ConfigError(f"llm model parameter executor = {p.executor!r}: accepted: {', '.join(EXECUTORS)}")
+        if p.executor == "reference" and not p.engine_dir:
             raise ConfigError("llm model parameter engine_dir is empty; `specctl serve --engine-dir DIR` fills it in")
+        if p.executor == "trtllm":
+            if not p.llm_api_options:
+                raise ConfigError("llm model parameter llm_api_options is empty; `specctl build --recipe R --backend "
+                                  "pytorch --out DIR` renders it (then run DIR/build.sh to fill in the paths)")
+            if "@OUT@" in p.llm_api_options + p.model + p.plan:
+                raise ConfigError("the llm model's parameters still contain @OUT@: run the deployment's build.sh "
+                                  "(its first step points the configs at the deployment directory)")
+            if p.control not in CONTROLS:
+                raise ConfigError(f"llm model parameter control = {p.control!r}: accepted: {', '.join(CONTROLS)}")
+        if p.cancel_check_ms < 1:
+            raise ConfigError(f"llm model parameter cancel_check_ms = {p.cancel_check_ms}: must be >= 1")
         for name in ("max_k", "max_batch", "max_tokens", "default_max_tokens", "threads"):
             if getattr(p, name) < (0 if name == "max_k" else 1):
                 raise ConfigError(f"llm model parameter {name} = {getattr(p, name)}: must be >= {0 if name == 'max_k' else 1}")
@@ -155,6 +182,16 @@ class Counters:
     step_verified: int = 0
     step_accepted: int = 0
     generated: int = 0
+
+
+def load_model(pb, args: dict[str, Any]):
+    """The llm model for this config: ``LlmModel`` or, for ``executor: trtllm``, ``LlmApiModel``."""
+    config = json.loads(args["model_config"])
+    if ModelParams.from_config(config).executor == "trtllm":
+        from control.triton.llmapi_model import LlmApiModel
+
+        return LlmApiModel(pb, args)
+    return LlmModel(pb, args)
 
 
 class LlmModel:

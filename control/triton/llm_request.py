@@ -49,6 +49,11 @@ class GenerateRequest:
     prompt_ids: list[int]
     params: SamplingParams
     stream: bool
+    # The stop and bad words as the client sent them (those that encode to at least one token), for
+    # engines that take strings (TensorRT-LLM's ``SamplingParams.stop`` / ``bad``); ``params`` holds
+    # the same words as token ids.
+    stop_texts: tuple[str, ...] = ()
+    bad_texts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,15 +92,17 @@ def _text(name: str, arr: np.ndarray) -> str:
     return v
 
 
-def _words(name: str, arr: np.ndarray, encode: Callable[[str], list[int]]) -> list[list[int]]:
-    out = []
+def _words(name: str, arr: np.ndarray, encode: Callable[[str], list[int]]) -> tuple[list[list[int]], tuple[str, ...]]:
+    """(token ids per word, the words themselves); empty words and words without tokens are dropped."""
+    out, texts = [], []
     for w in np.asarray(arr, dtype=object).reshape(-1):
         s = w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w)
         if s:
             ids = encode(s)
             if ids:
                 out.append(ids)
-    return out
+                texts.append(s)
+    return out, tuple(texts)
 
 
 def _flag(name: str, arr: np.ndarray) -> bool:
@@ -146,10 +153,10 @@ def parse_request(tensors: Mapping[str, np.ndarray | None], *, limits: Limits, e
                 raise ConfigError(f"policy = {name!r}: a request may ask for 'none' or the deployment's policy "
                                   f"'{deployment_policy}'; switch the deployment's policy with PUT /v1/overrides")
     stream = _flag("stream", get("stream")) if get("stream") is not None and np.asarray(get("stream")).size else False
-    stop = _words("stop_words", get("stop_words"), encode_words) if get("stop_words") is not None else []
-    bad = _words("bad_words", get("bad_words"), encode_words) if get("bad_words") is not None else []
+    stop, stop_texts = _words("stop_words", get("stop_words"), encode_words) if get("stop_words") is not None else ([], ())
+    bad, bad_texts = _words("bad_words", get("bad_words"), encode_words) if get("bad_words") is not None else ([], ())
     params = SamplingParams(max_tokens=int(max_tokens), temperature=float(vals.get("temperature", 0.0)),
                             top_k=int(vals.get("top_k", 0)), top_p=float(vals.get("top_p", 1.0)),
                             random_seed=vals.get("random_seed"), stop_words=stop, bad_words=bad,
                             num_draft_tokens=vals.get("num_draft_tokens"), end_id=vals.get("end_id"))
-    return GenerateRequest(prompt, params, stream)
+    return GenerateRequest(prompt, params, stream, stop_texts, bad_texts)

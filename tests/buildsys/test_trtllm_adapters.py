@@ -55,12 +55,18 @@ def test_llm_kwargs_maps_options_to_trtllm_classes():
 
 
 def test_sampling_kwargs_validate_with_one_line_errors():
+    # Greedy goes as top_k=1 (TensorRT-LLM's SamplingParams._greedy_decoding), whatever top_k/top_p say.
     kw = sampling_kwargs(16, temperature=0.0, top_k=0, top_p=1.0, seed=3, end_id=2)
-    assert kw == {"max_tokens": 16, "return_perf_metrics": True, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-                  "seed": 3, "end_id": 2}
+    assert kw == {"max_tokens": 16, "return_perf_metrics": True, "top_k": 1, "seed": 3, "end_id": 2}
+    kw = sampling_kwargs(16, temperature=0.7, top_k=0, top_p=1.0)
+    assert kw == {"max_tokens": 16, "return_perf_metrics": True, "temperature": 0.7}  # top_k 0 / top_p 1 = off
+    kw = sampling_kwargs(16, temperature=0.7, top_k=5, top_p=0.9, stop=["ab"], bad=["c d"])
+    assert (kw["top_k"], kw["top_p"], kw["stop"], kw["bad"]) == (5, 0.9, ["ab"], ["c d"])
+    assert kw["include_stop_str_in_output"] is True  # stop words stay in the output, as on the reference path
     for bad, match in [({"max_tokens": 0}, "max_tokens = 0"), ({"max_tokens": 4, "temperature": -1}, "temperature"),
                        ({"max_tokens": 4, "top_p": 0.0}, "top_p = 0.0"), ({"max_tokens": 4, "top_k": -2}, "top_k"),
-                       ({"max_tokens": 4, "seed": -1}, "random_seed"), ({"max_tokens": "8"}, "max_tokens = '8'")]:
+                       ({"max_tokens": 4, "seed": -1}, "random_seed"), ({"max_tokens": "8"}, "max_tokens = '8'"),
+                       ({"max_tokens": 4, "stop": "ab"}, "stop = 'ab'"), ({"max_tokens": 4, "bad": [""]}, "bad")]:
         with pytest.raises(SpecctlError, match=match):
             sampling_kwargs(**bad)
 

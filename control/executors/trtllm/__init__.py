@@ -22,7 +22,8 @@ def require_tensorrt_llm(what: str):
         import tensorrt_llm  # noqa: F401
     except ImportError as e:
         raise MissingDependencyError(
-            f"{what} needs TensorRT-LLM, which is not installed here ({e.msg}); it runs on a GPU host in the "
-            f"NGC Triton TensorRT-LLM container (see docs/gpu.md)"
+            f"{what} needs TensorRT-LLM, which is not installed here ({e.msg}); it runs on a GPU host: serve from "
+            f"the NGC Triton TensorRT-LLM container (nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3) or "
+            f"`pip install tensorrt_llm` there (see docs/gpu.md)"
         ) from None
     return tensorrt_llm

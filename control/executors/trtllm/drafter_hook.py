@@ -10,6 +10,25 @@ Our drafter asks the controller for k per request, then drafts that many tokens 
 ``KPlanner`` is the plain-Python part: it keeps stable slots per request, builds the ``StepView``,
 asks the policy, and turns what the target accepted last iteration into a ``StepOutcome``.
 ``make_drafter`` wraps it in TensorRT-LLM's ``Drafter`` class and needs TensorRT-LLM.
+
+Which methods can use it: the hook replaces TensorRT-LLM's own drafter, so it serves methods whose
+drafts we can produce in process: n-gram prompt lookup (``ngram_proposer``), or a draft model given
+a ``Proposer`` for it (none ships yet for the LLM API path, so draft-target deployments keep
+TensorRT-LLM's own drafter and the static ``draft_len_schedule``). One-model EAGLE3 and MTP draft
+inside the target's forward pass: their ``speculative_config`` is fixed once the LLM is built, and
+only the compiled schedule shapes their k.
+
+Where it runs: TensorRT-LLM calls ``prepare_draft_tokens`` on its executor thread. With one GPU
+(``tensor_parallel_size`` 1) and ``TLLM_WORKER_USE_SINGLE_PROCESS=1`` (read by
+``enable_worker_single_process_for_tp1`` in ``tensorrt_llm/llmapi/utils.py``) that thread is in the
+process that built the LLM, so the hook and the in-process agent share state; otherwise the drafter
+is sent to a worker process and the agent would never see its decisions.
+
+Per-request caps (Triton's ``num_draft_tokens``) are keyed by the LLM API request id, which reaches
+the executor as ``LlmRequest.py_client_id`` (``tensorrt_llm/executor/worker.py`` sends
+``client_id=request.id``; ``tensorrt_llm/_torch/pyexecutor/llm_request.py``). The step time the
+policy observes is the wall time between consecutive hook calls: the previous iteration's target
+pass, sampling and our drafting.
 """
 
 from __future__ import annotations
@@ -42,6 +61,31 @@ class KPlanner:
         self._free: list[int] = []
         self._pending: dict[int, int] = {}  # request id -> tokens drafted last iteration
         self._step = 0
+        self.caps: dict[int, int] = {}  # LLM API request id -> num_draft_tokens (set by the host)
+        self._last_call: float | None = None
+        self._draft_ms = 0.0  # the proposer's time in the previous iteration
+        self.last_k = np.zeros(0, dtype=I64)  # the last iteration's k per request (for stats)
+
+    def set_cap(self, client_id: int, cap: int | None) -> None:
+        """Cap k for one request (its LLM API request id); None removes the cap."""
+        if cap is None:
+            self.caps.pop(int(client_id), None)
+        else:
+            self.caps[int(client_id)] = max(int(cap), 0)
+
+    def caps_for(self, client_ids: Sequence[int]) -> np.ndarray:
+        caps, k = self.caps, self.max_k
+        return np.fromiter((min(caps.get(int(c), k), k) for c in client_ids), I64, len(client_ids))
+
+    def step_time(self, now: float, max_gap_s: float = 1.0) -> tuple[float, float]:
+        """(total_ms, draft_ms) of the iteration that ended now: NaN when the hook was idle before it."""
+        last, self._last_call = self._last_call, now
+        if last is None or now - last > max_gap_s:
+            return float("nan"), self._draft_ms
+        return (now - last) * 1e3, self._draft_ms
+
+    def drafting_took(self, ms: float) -> None:
+        self._draft_ms = float(ms)
 
     def _slots(self, rids: Sequence[int]) -> np.ndarray:
         live = set(rids)
@@ -64,14 +108,18 @@ class KPlanner:
                               free_kv_slots=self.token_budget * 64, token_budget=self.token_budget, k_cap=k_cap,
                               drafter=np.zeros(n, dtype=I64), step=self._step, now=time.monotonic())
         self._step += 1
-        return np.asarray(self.policy.decide(view).k, dtype=I64)
+        k = np.asarray(self.policy.decide(view).k, dtype=I64)
+        self.last_k = k
+        return k
 
     def drafted(self, rids: Sequence[int], counts) -> None:
         for rid, c in zip(rids, counts, strict=True):
             self._pending[int(rid)] = int(c)
 
-    def accepted(self, rids: Sequence[int], accepted, ctx_lens) -> None:
-        """Report what the target accepted of last iteration's drafts (requests that drafted)."""
+    def accepted(self, rids: Sequence[int], accepted, ctx_lens, total_ms: float = float("nan"),
+                 draft_ms: float = 0.0) -> None:
+        """Report what the target accepted of last iteration's drafts (requests that drafted), and
+        that iteration's wall time when known (NaN keeps it out of the cost model's samples)."""
         rids = [int(r) for r in rids]
         keep = [i for i, r in enumerate(rids) if r in self._pending and r in self._slot]
         if not keep:
@@ -82,7 +130,8 @@ class KPlanner:
         self.policy.observe(StepOutcome(
             slots=np.asarray([self._slot[r] for r in ids], dtype=I64), request_ids=ids,
             drafter=np.zeros(ids.size, dtype=I64), ctx_lens=np.asarray(ctx_lens, dtype=I64)[keep],
-            drafted=drafted, verified=drafted, accepted=acc, step=self._step, now=time.monotonic()))
+            drafted=drafted, verified=drafted, accepted=acc, step=self._step, now=time.monotonic(),
+            total_ms=total_ms, draft_ms=draft_ms, verify_ms=total_ms - draft_ms))
 
 
 def make_drafter(planner: KPlanner, proposer: Proposer):
@@ -92,24 +141,33 @@ def make_drafter(planner: KPlanner, proposer: Proposer):
 
     class SpecctlDrafter(Drafter):
         def __init__(self) -> None:
-            super().__init__(planner.max_k)
+            # Drafter.__init__(max_concurrency=None): None keeps speculation on at every batch size
+            # (``should_use_spec_decode``); the controller turns it off per request with k = 0.
+            super().__init__(max_concurrency=None)
+            self.max_draft_len = planner.max_k  # what ``pad_draft_tokens_for_cuda_graph`` pads to
 
         def prepare_draft_tokens(self, scheduled_requests, resource_manager=None) -> None:
             reqs = list(scheduled_requests.generation_requests)
             if not reqs:
                 return
+            total_ms, draft_ms = planner.step_time(time.monotonic())
             rids = [int(r.py_request_id) for r in reqs]
+            cids = [int(c) if (c := getattr(r, "py_client_id", None)) is not None else rid
+                    for r, rid in zip(reqs, rids, strict=True)]
             tokens = [np.asarray(r.get_tokens(0), dtype=np.int64) for r in reqs]
             ctx = np.fromiter((t.size for t in tokens), I64, len(reqs))
-            planner.accepted(rids, [int(getattr(r, "py_num_accepted_draft_tokens", 0) or 0) for r in reqs], ctx)
+            planner.accepted(rids, [int(getattr(r, "py_num_accepted_draft_tokens", 0) or 0) for r in reqs], ctx,
+                             total_ms, draft_ms)
             remaining = np.fromiter((max(int(r.py_max_new_tokens) - (t.size - int(r.py_orig_prompt_len)), 1)
                                      for r, t in zip(reqs, tokens, strict=True)), I64, len(reqs))
-            k = planner.plan(rids, ctx, remaining)
+            k = planner.plan(rids, ctx, remaining, k_cap=planner.caps_for(cids))
+            t0 = time.perf_counter()
             counts = []
             for r, t, ki in zip(reqs, tokens, k, strict=True):
                 draft = proposer(t, int(ki)).tolist() if ki > 0 else []
                 r.py_draft_tokens = draft
                 counts.append(len(draft))
+            planner.drafting_took((time.perf_counter() - t0) * 1e3)
             planner.drafted(rids, counts)
 
     return SpecctlDrafter()
