@@ -194,7 +194,38 @@ def load_model(pb, args: dict[str, Any]):
     return LlmModel(pb, args)
 
 
-class LlmModel:
+class ResponseSender:
+    """Responses through a request's Triton response sender, shared by both llm model flavours.
+
+    Needs ``self.pb`` (triton_python_backend_utils), ``self.outputs`` (the output names the config
+    declares) and ``self.counters.send_errors``.
+    """
+
+    def _send(self, sender, outputs: dict[str, np.ndarray], final: bool) -> None:
+        pb = self.pb
+        tensors = [pb.Tensor(n, v) for n, v in outputs.items() if n in self.outputs]
+        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
+
+    def _send_error(self, sender, message: str) -> None:
+        pb = self.pb
+        try:
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the client is gone
+            self.counters.send_errors += 1
+
+    def _outputs(self, live, text: str, ids: list[int]) -> dict[str, np.ndarray]:
+        out = {"text_output": np.array([text], dtype=object), "output_ids": np.asarray(ids, dtype=np.int32),
+               "acceptance_rate": np.array([live.accepted / live.drafted if live.drafted else 0.0], dtype=np.float32)}
+        for n in DRAFTED_OUTPUTS:
+            out[n] = np.array([live.drafted], dtype=np.int32)
+        for n in ACCEPTED_OUTPUTS:
+            out[n] = np.array([live.accepted], dtype=np.int32)
+        return out
+
+
+class LlmModel(ResponseSender):
     """What the Triton Python model does; ``pb`` is ``triton_python_backend_utils``."""
 
     def __init__(self, pb, args: dict[str, Any]) -> None:
@@ -312,29 +343,6 @@ class LlmModel:
 
     def current_policy(self) -> str:
         return self.agent.plan.policy if self.agent is not None else "none"
-
-    def _send(self, sender, outputs: dict[str, np.ndarray], final: bool) -> None:
-        pb = self.pb
-        tensors = [pb.Tensor(n, v) for n, v in outputs.items() if n in self.outputs]
-        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
-
-    def _send_error(self, sender, message: str) -> None:
-        pb = self.pb
-        try:
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # the client is gone
-            self.counters.send_errors += 1
-
-    def _outputs(self, live: Live, text: str, ids: list[int]) -> dict[str, np.ndarray]:
-        out = {"text_output": np.array([text], dtype=object), "output_ids": np.asarray(ids, dtype=np.int32),
-               "acceptance_rate": np.array([live.accepted / live.drafted if live.drafted else 0.0], dtype=np.float32)}
-        for n in DRAFTED_OUTPUTS:
-            out[n] = np.array([live.drafted], dtype=np.int32)
-        for n in ACCEPTED_OUTPUTS:
-            out[n] = np.array([live.accepted], dtype=np.int32)
-        return out
 
     # -- the engine loop (its own thread) --------------------------------------------------------------
     def _loop(self) -> None:

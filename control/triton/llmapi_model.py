@@ -54,10 +54,8 @@ from typing import Any
 import numpy as np
 
 from control.errors import ConfigError
-from control.triton.llm_model import INPUT_NAMES, Detokenizer, ModelParams
+from control.triton.llm_model import INPUT_NAMES, Detokenizer, ModelParams, ResponseSender
 from control.triton.llm_request import (
-    ACCEPTED_OUTPUTS,
-    DRAFTED_OUTPUTS,
     GenerateRequest,
     Limits,
     StatsRequest,
@@ -174,7 +172,7 @@ class _Counters:
     last_error: str = ""
 
 
-class LlmApiModel:
+class LlmApiModel(ResponseSender):
     """The Triton Python model for ``executor: trtllm``; ``pb`` is ``triton_python_backend_utils``."""
 
     def __init__(self, pb, args: dict[str, Any]) -> None:
@@ -448,29 +446,6 @@ class LlmApiModel:
     def _newest_plan(self):
         pending = getattr(self.agent, "_pending", None)  # applied at the agent's next decide
         return pending.plan if pending is not None else self.agent.plan
-
-    def _send(self, sender, outputs: dict[str, np.ndarray], final: bool) -> None:
-        pb = self.pb
-        tensors = [pb.Tensor(n, v) for n, v in outputs.items() if n in self.outputs]
-        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
-
-    def _send_error(self, sender, message: str) -> None:
-        pb = self.pb
-        try:
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # the client is gone
-            self.counters.send_errors += 1
-
-    def _outputs(self, lv: _Live, text: str, ids: list[int]) -> dict[str, np.ndarray]:
-        out = {"text_output": np.array([text], dtype=object), "output_ids": np.asarray(ids, dtype=np.int32),
-               "acceptance_rate": np.array([lv.accepted / lv.drafted if lv.drafted else 0.0], dtype=np.float32)}
-        for n in DRAFTED_OUTPUTS:
-            out[n] = np.array([lv.drafted], dtype=np.int32)
-        for n in ACCEPTED_OUTPUTS:
-            out[n] = np.array([lv.accepted], dtype=np.int32)
-        return out
 
     # -- stats -----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
