@@ -30,7 +30,7 @@ from control.goodput.estimators import (
 )
 from control.goodput.optimizer import Choice, Constraints, admit_parametric, slo_ok
 from control.goodput.stepcost import DrafterCost, StepCostModel, uniform_step_ms
-from control.plan import threshold_batch
+from control.plan import threshold_batch, typical_ctx
 from control.policy.bandit import DrafterBandit
 from control.policy.base import I64, BasePolicy, PolicyContext
 from control.policy.gate import Gate
@@ -87,6 +87,7 @@ class AdaptivePolicy(BasePolicy):
             self.bandit.keep_p = EXPLORE_KEEP
         self._is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)
         self._consolidate = bool(self._is_model.sum() > 1 and not b.capacities)
+        self._fav = self._profile_favourite(ctx) if self._consolidate else -1
 
     def update_context(self, ctx: PolicyContext) -> None:
         # a smaller max_k keeps the estimators (their extra positions are never admitted: caps() bound k)
@@ -193,8 +194,40 @@ class AdaptivePolicy(BasePolicy):
             # survival, so divide by the drafter's measured survival per unit of confidence
             cuts = cuts / self._calibration()[d_ctx]
             conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
-        return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True,
+        if self.bandit is not None:
+            self._note_favourite(d_ctx, choice.k)
+        return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray) -> None:
+        """Remember the draft model that drafted for most requests this step: new requests prefill its
+        state. The executor prefills its default drafter otherwise, and when the bandit prefers another
+        one every new request pays a catch-up of its whole prompt there (on the live CPU server, with
+        draft-tiny preferred over the default draft-small, that was half of adaptive's draft time)."""
+        ran = d_ctx[(k > 0) & (d_ctx >= 0)]
+        if ran.size:
+            used = np.bincount(ran, minlength=self._is_model.size) * self._is_model
+            if used.any():
+                self._fav = int(np.argmax(used))
+
+    def _profile_favourite(self, ctx: PolicyContext) -> int:
+        """The draft model the profile predicts best at half the batch limit and a typical context: what
+        new requests prefill until a step has run (then: the model that drafted most last step)."""
+        plan = ctx.plan
+        n, S = max(1, plan.profile.limits.max_batch // 2), float(typical_ctx(plan.profile))
+        kk = np.arange(max(ctx.max_k, 1) + 1, dtype=np.float64)
+        best, fav = -1.0, -1
+        for i in np.flatnonzero(self._is_model):
+            r = min(float(ctx.prior_rate[i]), 0.999)
+            g = float(np.max((1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(ctx.cost, n, S, kk, drafter=int(i))))
+            if g > best:
+                best, fav = g, int(i)
+        return fav
+
+    def prefill_drafter(self) -> int:
+        if self._fav < 0 or not self._to_exec.size:
+            return -1
+        return int(self._to_exec[self._fav])
 
     def _one_model_per_step(self, d_ctx: np.ndarray) -> np.ndarray:
         """Requests the bandit put on different draft models this step all use the most used one.
@@ -242,10 +275,30 @@ class AdaptivePolicy(BasePolicy):
             self._steps_key = key
         # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
         tokens = (1.0 - np.power.outer(rate, self._kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
-        best = (tokens * self._steps)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)
+        inv = self._steps
+        catch = self._catch_up_ms(view)
+        if catch is not None:
+            inv = 1.0 / (1.0 / inv + catch[:, None])
+        best = (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+    def _catch_up_ms(self, view: StepView) -> np.ndarray | None:
+        """Per drafter, the draft-model time per step of bringing this batch's requests in sync with it,
+        spread over the steps an explored request stays there (a chunk, or what is left of the request).
+
+        A draft model keeps state per request, so moving a request to one it has not run on recomputes
+        its whole context there. Posterior draws ignore that, and on the live CPU server the bandit
+        explored the default's rival mid-request at that price for little it could learn."""
+        lag = view.draft_lag
+        if not lag.any() or self.bandit is None:
+            return None
+        e = self._to_exec
+        stay = np.clip(view.remaining / 2.0, 1.0, float(self.bandit.beta))  # steps at about 2 tokens each
+        per_req = lag[:, np.maximum(e, 0)] / stay[:, None]  # (n, m)
+        b = np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
+        return np.where(e >= 0, per_req.sum(axis=0) * b, 0.0)
 
     def _tokens(self, surv: np.ndarray, k: np.ndarray) -> float:
         """Expected generated tokens of a step with draft lengths ``k``: bonus tokens plus survivals."""

@@ -136,7 +136,8 @@ class BasePolicy:
         if fresh.size:
             self.reset_slots(fresh)
         if view.n == 0:
-            return Decision(np.zeros(0, dtype=I64), np.zeros(0, dtype=I64), prefill_draft=self.wants_draft_prefill(view))
+            return Decision(np.zeros(0, dtype=I64), np.zeros(0, dtype=I64), prefill_draft=self.wants_draft_prefill(view),
+                            prefill_drafter=self.prefill_drafter())
         return self._decide(view, self.caps(view))
 
     def reset_slots(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
@@ -144,6 +145,10 @@ class BasePolicy:
 
     def wants_draft_prefill(self, view: StepView) -> bool:
         return not self.ctx.force_off and self.ctx.max_k > 0
+
+    def prefill_drafter(self) -> int:
+        """Executor index of the drafter whose state new requests prefill (-1: the executor's default)."""
+        return -1
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
         raise NotImplementedError

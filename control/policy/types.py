@@ -132,6 +132,9 @@ class Decision:
             below this value (SpecServe's adaptive drafter); None = no cut.
         prefill_draft: whether requests prefilled in this iteration also prefill their draft state.
             False skips the draft prefill (TurboSpec) and leaves those requests with a lag.
+        prefill_drafter: the (executor-indexed) drafter whose state that prefill builds; -1 = the
+            executor's default. A policy that mostly runs another drafter names it here, or every new
+            request pays a catch-up of its whole prompt on that drafter at its first draft.
         predicted_step_ms / predicted_tokens: the model's prediction for this choice (for telemetry:
             predicted vs measured).
     """
@@ -140,6 +143,7 @@ class Decision:
     drafter: np.ndarray
     conf_cut: np.ndarray | None = None
     prefill_draft: bool = True
+    prefill_drafter: int = -1
     predicted_step_ms: float = float("nan")
     predicted_tokens: float = float("nan")
 

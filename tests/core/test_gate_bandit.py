@@ -165,3 +165,70 @@ def test_adaptive_ignores_outcomes_of_a_drafter_it_does_not_know():
                             step=1))
     assert all((p.trials == b).all() for p, b in zip(pol.pos, before, strict=True))
     assert pol.bandit.pool_cnt.sum() == 0
+
+
+def test_adaptive_exploration_counts_the_catch_up_a_draft_model_needs():
+    """Moving requests onto a draft model that has not run on them recomputes their whole context
+    there: a batch out of sync with the draft explores it less than the same batch in sync."""
+    from control.plan import compile_plan
+    from control.policy import StepView, build_policy
+    from tests.conftest import make_profile
+
+    prof = make_profile(draft=(2.5e-6, 0.02, 1.0), acceptance={"draft": 0.75, "ngram": 0.6})
+    pol = build_policy("adaptive", compile_plan(prof, max_k=8))
+    n = 4
+
+    def view(lag):
+        dl = np.zeros((n, 2), dtype=np.int64)
+        dl[:, 0] = lag
+        return StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 300),
+                              remaining=np.full(n, 100), drafters=("draft", "ngram"), max_k=8, free_kv_slots=10**6,
+                              token_budget=8192, draft_lag=dl, step=1)
+
+    pol.decide(view(0))
+    allowed = np.array([True, True])
+    in_sync = np.mean([pol.explore_probs(view(0), allowed)[0] for _ in range(40)])
+    behind = np.mean([pol.explore_probs(view(300), allowed)[0] for _ in range(40)])
+    assert in_sync > behind + 0.08, (in_sync, behind)
+
+
+def _two_draft_models_profile(small_c, tiny_c):
+    from control.profile import parse_profile
+
+    models = {"target": {"a_ms_per_ctx_token": 2e-5, "b_ms_per_batched_token": 0.02, "c_ms": 6.0}}
+    drafters = []
+    for name, c in (("small", small_c), ("tiny", tiny_c)):
+        models[name] = {"a_ms_per_ctx_token": 2.5e-6, "b_ms_per_batched_token": 0.003, "c_ms": c}
+        drafters.append({"name": name, "kind": "draft_model", "model": name})
+    return parse_profile({"schema": "specctl.profile/v1", "sku": "test", "pair": "t+2", "source": "roofline",
+                          "models": models, "drafters": drafters, "acceptance": {"small": 0.7, "tiny": 0.7},
+                          "limits": {"max_batch": 32}})
+
+
+def test_adaptive_prefills_the_draft_model_it_drafts_with():
+    """New requests prefill the state of the draft model adaptive expects to use: the profile's best
+    before any step, then the one that drafted for most requests last step. The executor's default
+    (-1) is kept when that is the plan's default drafter."""
+    from control.plan import compile_plan
+    from control.policy import StepView, build_policy
+
+    def policy(small_c, tiny_c):
+        return build_policy("adaptive", compile_plan(_two_draft_models_profile(small_c, tiny_c), max_k=6,
+                                                     default_drafter="small"))
+
+    n = 6
+    # the executor lists its drafters in another order than the plan: indices are the executor's
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 200),
+                          remaining=np.full(n, 100), drafters=("tiny", "small"), max_k=6, free_kv_slots=10**6,
+                          token_budget=8192, draft_lag=np.zeros((n, 2), dtype=np.int64), step=1)
+    cheap_tiny = policy(2.0, 0.2)
+    d = cheap_tiny.decide(view)
+    assert d.prefill_drafter == 0  # tiny, in the executor's order
+    same = policy(0.2, 0.2)
+    assert same.decide(view).prefill_drafter in (-1, 1)  # small: the default either way
+    # what ran decides from then on
+    ran_small = np.array([0, 0, 0, 0, 1, 1])  # plan indices: small for four requests, tiny for two
+    cheap_tiny._note_favourite(ran_small, np.full(n, 2))
+    assert cheap_tiny.prefill_drafter() == 1
+    cheap_tiny._note_favourite(np.array([0, 0, 0, 0, 1, 1]), np.array([0, 0, 0, 0, 3, 3]))  # only k > 0 counts
+    assert cheap_tiny.prefill_drafter() == 0

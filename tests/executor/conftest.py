@@ -92,7 +92,8 @@ class ChaosPolicy:
         k = self.rng.integers(0, self.max_k + 1, n)
         k[self.rng.random(n) < self.p_off] = 0
         cut = self.rng.uniform(0.0, 0.3, n) if self.cuts and self.rng.random() < 0.5 else None
-        return Decision(k, self.rng.integers(0, m, n), conf_cut=cut, prefill_draft=bool(self.rng.random() < 0.5))
+        return Decision(k, self.rng.integers(0, m, n), conf_cut=cut, prefill_draft=bool(self.rng.random() < 0.5),
+                        prefill_drafter=int(self.rng.integers(-1, m + 1)))  # m: not a drafter (the default)
 
     def observe(self, outcome: StepOutcome) -> None:
         pass

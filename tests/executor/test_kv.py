@@ -19,12 +19,13 @@ class Scripted:
 
     name = "scripted"
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, prefill_drafter: int = -1) -> None:
         self.fn = fn
+        self.prefill_drafter = prefill_drafter
 
     def decide(self, view):
         k, d, prefill = self.fn(view.step)
-        return Decision(np.full(view.n, k), np.full(view.n, d), prefill_draft=prefill)
+        return Decision(np.full(view.n, k), np.full(view.n, d), prefill_draft=prefill, prefill_drafter=self.prefill_drafter)
 
     def observe(self, outcome):
         pass
@@ -127,6 +128,25 @@ def test_speculation_resumes_correctly_after_being_off(invariant, prompts, prefi
         assert lag > 1
         assert o.draft_batched_tokens == lag + 1 + (int(o.drafted[0]) - 1)  # catch-up span + last token
         assert o.accepted[0] == o.verified[0] > 0
+
+
+@pytest.mark.parametrize("named", [-1, 0, 1, 99])
+def test_prefill_builds_the_state_of_the_drafter_the_policy_names(invariant, prompts, named):
+    """New requests prefill the draft state of ``Decision.prefill_drafter`` (the executor's default
+    when it is -1 or not a drafter index): that drafter starts in sync, the other one a whole
+    context behind, and drafting on either stays lossless with exact caches."""
+    names = list(invariant.drafters)
+    small, tiny = names.index("draft-small"), names.index("draft-tiny")
+    rec = Recorder(Scripted(lambda step: (0 if step < 2 else 3, tiny, True), prefill_drafter=named))
+    eng = make_engine(invariant, rec, max_batch=2, default_drafter="draft-small")
+    ps = [prompts[0], prompts[2]]
+    out = eng.generate(ps, greedy(16, ignore_eos=True))
+    assert [r.token_ids for r in out] == plain_reference(invariant, ps, [greedy(16, ignore_eos=True)] * 2)
+    v = next(v for v in rec.views if v.n == 2)
+    in_sync = tiny if named == tiny else small
+    behind = small if in_sync == tiny else tiny
+    assert (v.draft_lag[:, in_sync] <= 1).all()
+    assert (v.draft_lag[:, behind] == v.ctx_lens).all()
 
 
 def test_rollback_after_rejection(invariant, prompts):

@@ -347,7 +347,7 @@ class ReferenceEngine:
                     decision = _plain(view.n)
                 if admitted:
                     tp = self.clock()
-                    outputs += self._prefill(admitted, bool(decision.prefill_draft))
+                    outputs += self._prefill(admitted, bool(decision.prefill_draft), int(decision.prefill_drafter))
                     stats.prefill_ms = (self.clock() - tp) * 1e3
                     stats.prefill_requests, stats.prefill_tokens = len(admitted), prefill_tokens
                 if dec.size:
@@ -415,7 +415,7 @@ class ReferenceEngine:
             taken += P
         return admitted
 
-    def _prefill(self, reqs: list[_Request], prefill_draft: bool) -> list[RequestOutput]:
+    def _prefill(self, reqs: list[_Request], prefill_draft: bool, drafter: int = -1) -> list[RequestOutput]:
         slots = np.array([r.slot for r in reqs], dtype=I64)
         prompts = [r.prompt for r in reqs]
         lens = np.array([p.size for p in prompts], dtype=I64)
@@ -424,7 +424,9 @@ class ReferenceEngine:
         segs = [Segment(int(s), 0, int(n)) for s, n in zip(slots, lens, strict=True)]
         logits = self.target(ids, segs, self.pool.target, logits_at=at)
         self.pool.target_len[slots] = lens
-        d = self.drafters[self.default_drafter] if self.drafters else None
+        if not 0 <= drafter < len(self.drafters):  # -1 or out of range: the default
+            drafter = self.default_drafter
+        d = self.drafters[drafter] if self.drafters else None
         if prefill_draft and isinstance(d, DraftModelDrafter):
             d.prefill(slots, prompts, self.device)
         self._mask_bad_words(logits, [(r, 0) for r in reqs])
