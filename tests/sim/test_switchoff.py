@@ -4,6 +4,11 @@ to that batch and nothing above it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,7 +19,7 @@ from control.bench.switchoff import (
     residence_need,
     short_context_switch_off,
 )
-from control.bench.workloads import Workload
+from control.bench.workloads import Workload, workloads_dir
 from control.errors import ConfigError
 from control.goodput.acceptance import chain_expected
 from control.goodput.stepcost import uniform_step_ms
@@ -74,3 +79,19 @@ def test_workload_context_and_kv_reach():
     assert residence_need(w) == pytest.approx((110 * 10 + 1030 * 30) / 40)
     assert kv_batch_reach(make_profile(max_batch=256, kv_tokens=8000), w) == pytest.approx(8000 / residence_need(w))
     assert kv_batch_reach(make_profile(max_batch=4, kv_tokens=8000), w) == 4
+
+
+@pytest.mark.skipif(not (workloads_dir() / "mooncake_fast25").is_dir() or not (workloads_dir() / "sharegpt").is_dir(),
+                    reason="shared workloads folder absent (set SPECCTL_WORKLOADS)")
+def test_survey_runs_as_a_script_and_names_the_committed_profile_as_reaching_the_switch_off(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["SPECCTL_WORKLOADS"] = str(workloads_dir())
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "sim_switch_off.py"), "--survey"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    row = [ln for ln in out.stdout.splitlines() if ln.startswith("| h200 | llama-3.1-70b + eagle3-llama-3.1-70b | 8 | fp8 |")]
+    assert len(row) == 1 and row[0].rstrip().endswith("| yes | yes |"), out.stdout
+    # the 8B pair on the H100 (the bar's profile) never switches off at a short context
+    assert any(ln.startswith("| h100 | llama-3.1-8b + llama-3.2-1b | 1 | bf16 |") and "| no | no |" in ln
+               for ln in out.stdout.splitlines())
