@@ -62,10 +62,11 @@ def weighted_adaptive():
         adaptive_mod.admit_parametric = orig
 
 
-def run_recording(setup: SimSetup, w, spec: str, seed: int, pred: list | None = None):
+def run_recording(setup: SimSetup, w, spec: str, seed: int, pred: list | None = None, steps: list | None = None):
     """Run ``spec`` and record every decode step's (context lengths, chosen k); with ``pred``, also
     append (predicted step ms, simulated step ms, predicted tokens, generated tokens) per step where
-    the policy made a prediction."""
+    the policy made a prediction; with ``steps``, append each recorded step's batch size (the
+    returned arrays split into steps at its cumulative sums)."""
     ctxs, ks = [], []
     orig = simrun.make_policy
     last = {}
@@ -79,6 +80,8 @@ def run_recording(setup: SimSetup, w, spec: str, seed: int, pred: list | None = 
             if view.n:
                 ctxs.append(view.ctx_lens.copy())
                 ks.append(np.asarray(d.k, dtype=np.int64).copy())
+                if steps is not None:
+                    steps.append(view.n)
                 last["d"] = d
             return d
 
@@ -102,7 +105,8 @@ def run_recording(setup: SimSetup, w, spec: str, seed: int, pred: list | None = 
     finally:
         simrun.make_policy = orig
     # the engine clips k to remaining - 1 and the budget; the decision is what the policy wanted
-    return res, np.concatenate(ctxs), np.concatenate(ks)
+    empty = np.zeros(0, dtype=np.int64)  # ``none`` never asks the policy (the engine fast-forwards)
+    return res, np.concatenate(ctxs) if ctxs else empty, np.concatenate(ks) if ks else empty
 
 
 def main() -> None:
