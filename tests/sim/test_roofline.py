@@ -79,7 +79,11 @@ def test_committed_profiles_match_what_the_roofline_gives_today():
         sku, target = cmd[cmd.index("--sku") + 1], cmd[cmd.index("--target") + 1]
         drafts = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--draft"]
         tp = int(cmd[cmd.index("--tp") + 1]) if "--tp" in cmd else 1
-        again = roofline_profile(sku, target, drafts, tp)
+        opts = {"fp8": "--fp8" in cmd}  # the generating command's options, as `specctl roofline` passes them
+        for flag, key, typ in (("--framework", "framework", str), ("--max-batch", "max_batch", int)):
+            if flag in cmd:
+                opts[key] = typ(cmd[cmd.index(flag) + 1])
+        again = roofline_profile(sku, target, drafts, tp, **opts)
         for name, m in p.models.items():
             np.testing.assert_allclose(
                 [m.a_ms_per_ctx_token, m.b_ms_per_batched_token, m.c_ms],
