@@ -6,7 +6,17 @@ and the drafter bandit matter. This queues ``--requests`` stdlib prompts with lo
 lengths (mean ``--max-tokens``) at ``--batch`` slots and reports, per policy, generated tokens per
 second, acceptance, the mean k and the k histogram (request-steps). Policies are interleaved within
 each repeat, and the median over repeats is reported with the spread, because single runs on a
-shared machine vary by +-10-25%. ``adaptive-1d`` is adaptive restricted to the default drafter.
+shared machine vary by +-10-25%.
+
+``model tok/s`` times the same run by the profile's cost model instead of the clock: each decode
+step's verify pass and draft passes (catch-up included) from the features the engine reports to the
+policy, prefills left out. It is the same for every repeat of a policy whose decisions do not
+depend on measured times, so it separates what a policy decides from the machine's noise (it
+trusts the profile: R^2 0.99 for the full pair's target).
+
+A policy may name its drafters: ``fixed:3@draft-tiny`` runs draft-tiny (first named = default, the
+one new requests prefill), ``adaptive@draft-small+ngram`` chooses between those two; ``adaptive-1d``
+is adaptive on the engine's first draft model only.
 
     python benchmarks/continuous_batching.py --engine-dir engines/cpu --batch 16 [--requests 64]
         [--policies fixed:2,fixed:3,adaptive,adaptive-1d] [--repeats 2] [--threads 1]
@@ -52,6 +62,7 @@ def main(argv=None) -> int:
     from control.executors.reference.loader import load_engine_dir
     from control.plan import compile_plan
     from control.policy import build_policy
+    from control.policy.base import PolicyContext
     from control.profile import load_profile
 
     torch.set_num_threads(args.threads)
@@ -64,19 +75,27 @@ def main(argv=None) -> int:
     lengths = np.clip(rng.lognormal(np.log(args.max_tokens) - 0.18, 0.6, args.requests), 4, 4 * args.max_tokens).astype(int)
 
     def make(spec: str):
-        name = spec.removesuffix("-1d")
-        drafters = [drafter] if spec.endswith("-1d") else active
-        return build_policy(name, compile_plan(profile, policy=name, max_k=args.max_k, drafters=drafters,
-                                               default_drafter=drafter), seed=args.seed)
+        name, _, named = spec.partition("@")
+        drafters = [drafter] if name.endswith("-1d") else (named.split("+") if named else active)
+        name = name.removesuffix("-1d")
+        unknown = [d for d in drafters if d not in active]
+        if unknown:
+            raise SystemExit(f"policy '{spec}': drafter(s) {', '.join(unknown)} not in the profile and engine "
+                             f"(known: {', '.join(active)})")
+        plan = compile_plan(profile, policy=name, max_k=args.max_k, drafters=drafters, default_drafter=drafters[0])
+        return build_policy(name, plan, seed=args.seed), drafters[0], PolicyContext.from_plan(plan).cost
 
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     tok_s: dict[str, list[float]] = {s: [] for s in specs}
+    model_tok_s: dict[str, list[float]] = {s: [] for s in specs}
     last: dict[str, dict] = {}
     for rep in range(args.repeats):
         for spec in specs:
-            cfg = EngineConfig(max_batch=args.batch, max_k=args.max_k, default_drafter=drafter,
+            policy, default, cost = make(spec)
+            clock = ModelClock(policy, cost)
+            cfg = EngineConfig(max_batch=args.batch, max_k=args.max_k, default_drafter=default,
                                max_len=args.prompt_len + int(lengths.max()) + 1)
-            eng = ReferenceEngine(loaded.target, loaded.drafters, make(spec), cfg)
+            eng = ReferenceEngine(loaded.target, loaded.drafters, clock, cfg)
             for p, n in zip(prompts, lengths, strict=True):
                 eng.add_request(p, SamplingParams(max_tokens=int(n), ignore_eos=True))
             gen = verified = accepted = 0
@@ -90,22 +109,55 @@ def main(argv=None) -> int:
                 ks += list(st.k)
             wall = time.perf_counter() - t0
             tok_s[spec].append(gen / wall)
+            model_tok_s[spec].append(gen / max(clock.ms, 1e-9) * 1e3)
             k = np.asarray(ks, dtype=np.int64)
             last[spec] = {"acceptance": accepted / verified if verified else 0.0, "mean_k": float(k.mean()) if k.size else 0.0,
                           "hist": np.bincount(k, minlength=args.max_k + 1).tolist()}
-            print(f"repeat {rep + 1} {spec:>14s}: {gen / wall:7.1f} tok/s", flush=True)
-    best_fixed = max((statistics.median(v) for s, v in tok_s.items() if s.startswith("fixed")), default=None)
+            print(f"repeat {rep + 1} {spec:>14s}: {gen / wall:7.1f} tok/s, model {model_tok_s[spec][-1]:7.1f}", flush=True)
+    def best_fixed(table):
+        return max((statistics.median(v) for s, v in table.items() if s.startswith("fixed")), default=None)
+
+    bf, bm = best_fixed(tok_s), best_fixed(model_tok_s)
     print(f"\nbatch {args.batch}, {args.requests} requests (mean {args.max_tokens:g} tokens), {args.threads} thread(s), "
-          f"median of {args.repeats}")
-    print(f"{'policy':>14s} {'tok/s':>8s} {'min-max':>15s} {'/best fixed':>11s} {'accept':>7s} {'mean k':>7s}  k histogram")
+          f"median of {args.repeats}; ratios to the best fixed policy")
+    print(f"{'policy':>22s} {'tok/s':>8s} {'min-max':>15s} {'ratio':>6s} {'model tok/s':>11s} {'ratio':>6s} "
+          f"{'accept':>7s} {'mean k':>7s}  k histogram")
     for spec in specs:
-        v = tok_s[spec]
-        med = statistics.median(v)
-        ratio = f"{med / best_fixed:.3f}" if best_fixed else "-"
+        v, mv = tok_s[spec], model_tok_s[spec]
+        med, mmed = statistics.median(v), statistics.median(mv)
         s = last[spec]
-        print(f"{spec:>14s} {med:8.1f} {min(v):7.1f}-{max(v):<7.1f} {ratio:>11s} {s['acceptance']:7.3f} "
-              f"{s['mean_k']:7.2f}  {s['hist']}")
+        print(f"{spec:>22s} {med:8.1f} {min(v):7.1f}-{max(v):<7.1f} {(f'{med / bf:.3f}' if bf else '-'):>6s} "
+              f"{mmed:11.1f} {(f'{mmed / bm:.3f}' if bm else '-'):>6s} {s['acceptance']:7.3f} {s['mean_k']:7.2f}  {s['hist']}")
     return 0
+
+
+class ModelClock:
+    """Wraps a policy; adds up each decode step's time as the cost model predicts it from what ran."""
+
+    def __init__(self, policy, cost) -> None:
+        self.policy, self.cost, self.ms = policy, cost, 0.0
+        self.name = getattr(policy, "name", "policy")
+        self.drafters: tuple[str, ...] = ()  # the executor's drafter names (outcomes index them)
+        if hasattr(policy, "prune"):
+            self.prune = policy.prune
+
+    def decide(self, view):
+        self.drafters = view.drafters
+        return self.policy.decide(view)
+
+    def observe(self, o) -> None:
+        if o.n:
+            c = self.cost
+            self.ms += float(c.target.predict(float(o.ctx_lens.sum()), float((o.verified + 1).sum()))) + c.overhead_ms
+            drafted = o.drafter[o.drafted > 0]
+            ran = {self.drafters[int(i)] for i in np.unique(drafted)}
+            models = [d for d in c.drafters if d.name in ran and d.model is not None]
+            for d in models:  # two models in one step report pooled features: split evenly
+                self.ms += float(d.model.predict(o.draft_ctx_tokens, o.draft_batched_tokens, o.draft_passes)) / len(models)
+            for d in c.drafters:
+                if d.name in ran and d.model is None:  # n-gram lookups: a cost per drafting request
+                    self.ms += d.const_ms * int((drafted == self.drafters.index(d.name)).sum())
+        self.policy.observe(o)
 
 
 if __name__ == "__main__":
