@@ -198,8 +198,35 @@ class ResponseSender:
     """Responses through a request's Triton response sender, shared by both llm model flavours.
 
     Needs ``self.pb`` (triton_python_backend_utils), ``self.outputs`` (the output names the config
-    declares) and ``self.counters.send_errors``.
+    declares), ``self.counters`` (``rejected``, ``send_errors``), the request parser's inputs
+    (``limits``, ``_encode``, ``_encode_words``, ``current_policy()``), ``stats()`` and
+    ``_submit(parsed, sender)``, which starts serving one parsed request.
     """
+
+    def execute(self, requests) -> None:
+        pb = self.pb
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                tensors = {}
+                for name in INPUT_NAMES:
+                    t = pb.get_input_tensor_by_name(request, name)
+                    if t is not None:
+                        tensors[name] = t.as_numpy()
+                parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
+                                       deployment_policy=self.current_policy())
+                if isinstance(parsed, StatsRequest):
+                    self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
+                    continue
+                self._submit(parsed, sender)
+            except ConfigError as e:
+                self.counters.rejected += 1
+                self._send_error(sender, str(e))
+            except Exception as e:  # a bug must not take the instance down: fail this request only
+                self.counters.rejected += 1
+                log.exception("llm: request failed")
+                self._send_error(sender, f"internal error: {type(e).__name__}: {e}")
+        return None
 
     def _send(self, sender, outputs: dict[str, np.ndarray], final: bool) -> None:
         pb = self.pb
@@ -291,30 +318,6 @@ class LlmModel(ResponseSender):
         self._decode = loaded.decode
 
     # -- Triton entry points ---------------------------------------------------------------------------
-    def execute(self, requests) -> None:
-        pb = self.pb
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                tensors = {}
-                for name in INPUT_NAMES:
-                    t = pb.get_input_tensor_by_name(request, name)
-                    if t is not None:
-                        tensors[name] = t.as_numpy()
-                parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
-                                       deployment_policy=self.current_policy())
-                if isinstance(parsed, StatsRequest):
-                    self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
-                    continue
-                self._submit(parsed, sender)
-            except ConfigError as e:
-                self.counters.rejected += 1
-                self._send_error(sender, str(e))
-            except Exception as e:  # a bug must not take the instance down: fail this request only
-                self.counters.rejected += 1
-                log.exception("llm: request failed")
-                self._send_error(sender, f"internal error: {type(e).__name__}: {e}")
-        return None
 
     def finalize(self) -> None:
         t0 = time.monotonic()

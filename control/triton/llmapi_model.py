@@ -54,12 +54,10 @@ from typing import Any
 import numpy as np
 
 from control.errors import ConfigError
-from control.triton.llm_model import INPUT_NAMES, Detokenizer, ModelParams, ResponseSender
+from control.triton.llm_model import Detokenizer, ModelParams, ResponseSender
 from control.triton.llm_request import (
     GenerateRequest,
     Limits,
-    StatsRequest,
-    parse_request,
 )
 
 log = logging.getLogger("specctl.triton.llmapi")
@@ -378,35 +376,13 @@ class LlmApiModel(ResponseSender):
         c.metrics_to_agent += 1
 
     # -- Triton entry points ---------------------------------------------------------------------------
-    def execute(self, requests) -> None:
-        pb = self.pb
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                tensors = {}
-                for name in INPUT_NAMES:
-                    t = pb.get_input_tensor_by_name(request, name)
-                    if t is not None:
-                        tensors[name] = t.as_numpy()
-                parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
-                                       deployment_policy=self.current_policy())
-                if isinstance(parsed, StatsRequest):
-                    self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
-                    continue
-                check_request(parsed, self.vocab, self.max_len)
-                with self._rid_lock:
-                    rid = self._next_rid
-                    self._next_rid += 1
-                lv = _Live(rid, sender, parsed, Detokenizer(self._decode))
-                asyncio.run_coroutine_threadsafe(self._serve(lv), self._loop)
-            except ConfigError as e:
-                self.counters.rejected += 1
-                self._send_error(sender, str(e))
-            except Exception as e:  # a bug must not take the instance down: fail this request only
-                self.counters.rejected += 1
-                log.exception("llm: request failed")
-                self._send_error(sender, f"internal error: {type(e).__name__}: {e}")
-        return None
+    def _submit(self, parsed, sender) -> None:
+        check_request(parsed, self.vocab, self.max_len)
+        with self._rid_lock:
+            rid = self._next_rid
+            self._next_rid += 1
+        lv = _Live(rid, sender, parsed, Detokenizer(self._decode))
+        asyncio.run_coroutine_threadsafe(self._serve(lv), self._loop)
 
     def finalize(self) -> None:
         t0 = time.monotonic()
