@@ -12,7 +12,9 @@ shared machine vary by +-10-25%.
 step's verify pass and draft passes (catch-up included) from the features the engine reports to the
 policy, prefills left out. It is the same for every repeat of a policy whose decisions do not
 depend on measured times, so it separates what a policy decides from the machine's noise (it
-trusts the profile: R^2 0.99 for the full pair's target).
+trusts the profile: R^2 0.99 for the full pair's target). ``--model-times`` also hands the policies
+the profile's times in place of measured ones (adaptive refits its cost model from them), so every
+policy's decisions and model clock repeat exactly, even with other jobs on the machine.
 
 A policy may name its drafters: ``fixed:3@draft-tiny`` runs draft-tiny (first named = default, the
 one new requests prefill), ``adaptive@draft-small+ngram`` chooses between those two; ``adaptive-1d``
@@ -44,10 +46,16 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=float, default=40.0, help="mean of the lognormal output lengths")
     ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--prompts", choices=("stdlib", "corpus"), default="stdlib",
+                    help="stdlib: spans of this Python's standard library; corpus: the held-out corpus files "
+                         "that `specctl bench` draws its prompts from")
     ap.add_argument("--policies", default="fixed:2,fixed:3,adaptive,adaptive-1d")
     ap.add_argument("--max-k", type=int, default=8)
     ap.add_argument("--profile", help="profile for the plans (default: the stored one for this engine)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--model-times", action="store_true",
+                    help="policies observe the profile's step times instead of measured ones: their decisions "
+                         "and the model clock then repeat exactly, whatever else the machine runs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -71,7 +79,12 @@ def main(argv=None) -> int:
     drafter = next(n for n, m in loaded.drafters.items() if hasattr(m, "config"))
     active = [n for n in loaded.drafters if n in profile.drafter_names]
     rng = np.random.default_rng(args.seed)
-    prompts = stdlib_prompts(loaded, args.requests, args.prompt_len, seed=args.seed + 3)
+    if args.prompts == "corpus":
+        from control.bench.live import corpus_texts
+
+        prompts = token_windows(loaded, corpus_texts(), args.requests, args.prompt_len, seed=args.seed + 3)
+    else:
+        prompts = stdlib_prompts(loaded, args.requests, args.prompt_len, seed=args.seed + 3)
     lengths = np.clip(rng.lognormal(np.log(args.max_tokens) - 0.18, 0.6, args.requests), 4, 4 * args.max_tokens).astype(int)
 
     def make(spec: str):
@@ -92,7 +105,7 @@ def main(argv=None) -> int:
     for rep in range(args.repeats):
         for spec in specs:
             policy, default, cost = make(spec)
-            clock = ModelClock(policy, cost)
+            clock = ModelClock(policy, cost, replace_times=args.model_times)
             cfg = EngineConfig(max_batch=args.batch, max_k=args.max_k, default_drafter=default,
                                max_len=args.prompt_len + int(lengths.max()) + 1)
             eng = ReferenceEngine(loaded.target, loaded.drafters, clock, cfg)
@@ -131,11 +144,25 @@ def main(argv=None) -> int:
     return 0
 
 
+def token_windows(loaded, texts: list[str], n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of ``length`` tokens: BOS plus a random span of one of ``texts``."""
+    rng = np.random.default_rng(seed)
+    encoded = [ids for ids in (loaded.encode(t) for t in texts) if len(ids) > length]
+    if not encoded:
+        raise SystemExit(f"no prompt text is longer than --prompt-len {length} tokens; pass a smaller one")
+    out = []
+    for _ in range(n):
+        ids = encoded[int(rng.integers(len(encoded)))]
+        s = int(rng.integers(1, len(ids) - length + 1))
+        out.append(ids[:1] + ids[s: s + length - 1])
+    return out
+
+
 class ModelClock:
     """Wraps a policy; adds up each decode step's time as the cost model predicts it from what ran."""
 
-    def __init__(self, policy, cost) -> None:
-        self.policy, self.cost, self.ms = policy, cost, 0.0
+    def __init__(self, policy, cost, replace_times: bool = False) -> None:
+        self.policy, self.cost, self.ms, self.replace_times = policy, cost, 0.0, replace_times
         self.name = getattr(policy, "name", "policy")
         self.drafters: tuple[str, ...] = ()  # the executor's drafter names (outcomes index them)
         if hasattr(policy, "prune"):
@@ -148,15 +175,19 @@ class ModelClock:
     def observe(self, o) -> None:
         if o.n:
             c = self.cost
-            self.ms += float(c.target.predict(float(o.ctx_lens.sum()), float((o.verified + 1).sum()))) + c.overhead_ms
+            verify = float(c.target.predict(float(o.ctx_lens.sum()), float((o.verified + 1).sum())))
             drafted = o.drafter[o.drafted > 0]
             ran = {self.drafters[int(i)] for i in np.unique(drafted)}
             models = [d for d in c.drafters if d.name in ran and d.model is not None]
+            draft = 0.0
             for d in models:  # two models in one step report pooled features: split evenly
-                self.ms += float(d.model.predict(o.draft_ctx_tokens, o.draft_batched_tokens, o.draft_passes)) / len(models)
+                draft += float(d.model.predict(o.draft_ctx_tokens, o.draft_batched_tokens, o.draft_passes)) / len(models)
             for d in c.drafters:
                 if d.name in ran and d.model is None:  # n-gram lookups: a cost per drafting request
-                    self.ms += d.const_ms * int((drafted == self.drafters.index(d.name)).sum())
+                    draft += d.const_ms * int((drafted == self.drafters.index(d.name)).sum())
+            self.ms += verify + draft + c.overhead_ms
+            if self.replace_times:  # the policy learns the model's times, not the machine's
+                o.verify_ms, o.draft_ms, o.total_ms = verify, draft, verify + draft + c.overhead_ms
         self.policy.observe(o)
 
 

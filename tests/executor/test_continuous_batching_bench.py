@@ -36,3 +36,47 @@ def test_model_clock_repeats_exactly_and_named_drafters_run(tiny_engine_dir, tmp
 def test_unknown_drafter_is_named(tiny_engine_dir, tmp_path):
     r = _run(tiny_engine_dir, "--requests", "2", "--repeats", "1", "--policies", "fixed:2@nope", cwd=tmp_path)
     assert r.returncode != 0 and "nope" in r.stderr and "known:" in r.stderr
+
+
+def test_adaptive_runs_on_corpus_prompts_with_model_times(tiny_engine_dir, tmp_path):
+    """--prompts corpus (the bench's held-out files) and --model-times run, and repeat exactly."""
+    r = _run(tiny_engine_dir, "--batch", "3", "--requests", "8", "--max-tokens", "12", "--prompt-len", "16",
+             "--repeats", "2", "--prompts", "corpus", "--model-times", "--policies", "adaptive", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = [float(m.group(1)) for m in re.finditer(r"repeat \d +adaptive: +[\d.]+ tok/s, model +([\d.]+)", r.stdout)]
+    assert len(model) == 2 and model[0] == model[1] > 0, r.stdout
+
+
+def test_model_times_replace_what_the_policy_observes():
+    """--model-times: the policy sees the profile's verify and draft times for what ran, not the
+    machine's; without it, the measured ones. The model clock adds the same either way."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.continuous_batching import ModelClock
+    from control.plan import compile_plan
+    from control.policy.base import PolicyContext
+    from control.policy.types import StepOutcome
+    from tests.conftest import make_profile
+
+    cost = PolicyContext.from_plan(compile_plan(make_profile(), max_k=4)).cost
+    seen = []
+
+    class Recorder:
+        def observe(self, o):
+            seen.append((o.verify_ms, o.draft_ms, o.total_ms))
+
+    n = 4
+    clocks = []
+    for replace in (False, True):
+        clock = ModelClock(Recorder(), cost, replace_times=replace)
+        clock.drafters = ("draft", "ngram")
+        clock.observe(StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=np.zeros(n, dtype=np.int64),
+                                  ctx_lens=np.full(n, 100), drafted=np.full(n, 2), verified=np.full(n, 2),
+                                  accepted=np.full(n, 1), verify_ms=999.0, draft_ms=555.0, total_ms=1554.0,
+                                  draft_passes=2, draft_ctx_tokens=800, draft_batched_tokens=8))
+        clocks.append(clock.ms)
+    assert seen[0] == (999.0, 555.0, 1554.0)
+    verify = float(cost.target.predict(400.0, 12.0))
+    assert seen[1][0] == verify and 0 < seen[1][1] < 555.0 and np.isclose(seen[1][2], clocks[1])
+    assert clocks[0] == clocks[1] > verify
