@@ -23,6 +23,7 @@ import numpy as np
 from control.goodput.cost import RecursiveCost
 from control.goodput.estimators import (
     CategoryRates,
+    ConfidenceMap,
     PositionRates,
     RequestBeta,
     chain_trials,
@@ -37,8 +38,6 @@ from control.policy.gate import Gate
 from control.policy.types import Decision, StepOutcome, StepView
 
 REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
-CAL_PRIOR = 8.0  # confidence calibration starts at 1 (calibrated), worth this many drafted tokens
-CAL_DECAY = 0.995  # per step: the calibration follows a changing workload
 PROBE_TRIALS = 32  # first-position trials below which a drafter counts as unmeasured (probed while exploring)
 PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploration posterior: its Beta has
 # a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
@@ -61,7 +60,7 @@ class AdaptivePolicy(BasePolicy):
         K = max(ctx.max_k, 1)
         self.K = K
         self._pos_idx = np.arange(K)[None, :]  # draft positions, for masks over (n, K) arrays
-        self._cal = np.full((m, 2), CAL_PRIOR)  # per drafter: observed survival, predicted survival (sums)
+        self._conf = [ConfidenceMap() for _ in range(m)]  # per drafter: running confidence -> survival
         self.pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(m)]
         self.req = [RequestBeta(self._strength) for _ in range(m)]
         self.cat = CategoryRates(8)
@@ -88,6 +87,7 @@ class AdaptivePolicy(BasePolicy):
         self._is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)
         self._consolidate = bool(self._is_model.sum() > 1 and not b.capacities)
         self._fav = self._profile_favourite(ctx) if self._consolidate else -1
+        self._asked = np.zeros(64, dtype=I64)  # per slot: the k the last decision asked for
 
     def update_context(self, ctx: PolicyContext) -> None:
         # a smaller max_k keeps the estimators (their extra positions are never admitted: caps() bound k)
@@ -190,10 +190,13 @@ class AdaptivePolicy(BasePolicy):
         if choice.next_cost is not None and self.ctx.confidences[d_ctx].any():
             # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
             cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
-            # the executor compares the drafter's raw running confidence; the cut is in calibrated
-            # survival, so divide by the drafter's measured survival per unit of confidence
-            cuts = cuts / self._calibration()[d_ctx]
-            conf_cut = np.where(self.ctx.confidences[d_ctx], np.clip(cuts, 0.0, 1.0), 0.0)
+            # the executor compares the drafter's raw running confidence; the cut is in survival, so
+            # map it through each drafter's measured survival per confidence
+            conf_cut = np.zeros(n)
+            for i in np.unique(d_ctx):
+                if i >= 0 and self.ctx.confidences[i]:
+                    sel = d_ctx == i
+                    conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
         if self.bandit is not None:
             self._note_favourite(d_ctx, choice.k)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
@@ -360,18 +363,45 @@ class AdaptivePolicy(BasePolicy):
         return super().wants_draft_prefill(view) and self.gate.on
 
     # -- observe ---------------------------------------------------------------------------------
+    def decide(self, view: StepView) -> Decision:
+        d = super().decide(view)
+        if view.n:
+            top = int(view.slots.max())
+            if top >= self._asked.size:
+                self._asked = np.concatenate([self._asked, np.zeros(max(top + 1, 2 * self._asked.size) - self._asked.size, dtype=I64)])
+            self._asked[view.slots] = d.k
+        return d
+
+    def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
+        """Draft tokens verified, plus the position where a drafter stopped short of the k asked.
+
+        A drafter that drafts fewer than k on its own (an n-gram lookup without a long enough match)
+        delivers nothing at the positions it skipped: for the optimiser, which asks for k, that is a
+        rejection there. Counting only what was drafted made n-gram's per-position rates those of
+        its long matches, and on the live CPU server adaptive drifted to n-gram with k up to 8 while
+        its realised acceptance fell to 0.4 (predicted 5.0 accepted tokens at k = 8, realised 1.8).
+        Stops the policy asked for (a confidence cut) are not rejections."""
+        v = outcome.verified
+        asked = self._asked[outcome.slots] if outcome.slots.max(initial=-1) < self._asked.size else v
+        short = (outcome.drafted < asked) & (v == outcome.drafted) & (outcome.accepted == v) & (d_ctx >= 0)
+        if not short.any():
+            return v
+        short &= ~self.ctx.confidences[np.maximum(d_ctx, 0)]
+        return np.where(short, v + 1, v)
+
     def observe(self, outcome: StepOutcome) -> None:
         if outcome.n == 0:
             return
         d_ctx = self._to_ctx[outcome.drafter] if self._to_ctx.size else np.full(outcome.n, self.ctx.default, dtype=I64)
-        s, t = chain_trials(outcome.verified, outcome.accepted)
-        spec = outcome.verified > 0
+        tried = self._tried(outcome, d_ctx)
+        s, t = chain_trials(tried, outcome.accepted)
+        spec = tried > 0
         if not spec.any():
-            self._refit(outcome, d_ctx, spec)
+            self._refit(outcome, d_ctx, outcome.drafted > 0)
             return
         if spec.all() and d_ctx[0] >= 0 and self._uniform(d_ctx):  # one known drafter, everyone drafted: no masks
             i = int(d_ctx[0])
-            self.pos[i].update(outcome.verified, outcome.accepted)
+            self.pos[i].update(tried, outcome.accepted)
             self.req[i].ensure(int(outcome.slots.max()))
             self.req[i].update(outcome.slots, s, t)
         else:
@@ -379,25 +409,18 @@ class AdaptivePolicy(BasePolicy):
                 sel = spec & (d_ctx == i)
                 if not sel.any():
                     continue
-                self.pos[i].update(outcome.verified[sel], outcome.accepted[sel])
+                self.pos[i].update(tried[sel], outcome.accepted[sel])
                 self.req[i].ensure(int(outcome.slots[sel].max()))
                 self.req[i].update(outcome.slots[sel], s[sel], t[sel])
         if outcome.category is not None:
             self.cat.update(outcome.category[spec], s[spec], t[spec])
         if outcome.confidence is not None and self.ctx.confidences.any():
             self._calibrate(outcome, d_ctx, spec)
-        self._refit(outcome, d_ctx, spec)
+        self._refit(outcome, d_ctx, outcome.drafted > 0)
         if self.bandit is not None:
             mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
             if mine.any():
                 self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
-
-    def _calibration(self) -> np.ndarray:
-        """Per drafter: observed survival per unit of the drafter's running confidence (1 = calibrated),
-        bounded to [1/4, 4]. Small drafts are often under-confident (their probability mass is spread
-        over a large vocabulary while their top token is usually the target's): an uncalibrated cut
-        then stops drafts that would mostly have been accepted."""
-        return np.clip(self._cal[:, 0] / self._cal[:, 1], 0.25, 4.0)
 
     def _calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
         conf = outcome.confidence
@@ -406,15 +429,13 @@ class AdaptivePolicy(BasePolicy):
         drafted = (pos < outcome.drafted[:, None]) & np.isfinite(conf[:, :w])
         if not drafted.any():
             return
-        prod = np.cumprod(np.where(drafted, conf[:, :w], 1.0), axis=1)  # predicted survival per drafted token
+        prod = np.cumprod(np.where(drafted, conf[:, :w], 1.0), axis=1)  # running confidence per drafted token
         hit = (pos < outcome.accepted[:, None]) & drafted  # observed survival
-        self._cal *= CAL_DECAY
         for i in np.unique(d_ctx[spec]):
             if i < 0 or not self.ctx.confidences[i]:
                 continue
             rows = spec & (d_ctx == i)
-            self._cal[i, 0] += hit[rows].sum()
-            self._cal[i, 1] += prod[rows][drafted[rows]].sum()
+            self._conf[i].update(prod[rows][drafted[rows]], hit[rows][drafted[rows]])
 
     def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""

@@ -111,3 +111,30 @@ def test_request_beta_starts_at_prior_and_moves_toward_own_rate():
     assert 0.85 < m[0] < 0.9 and 0.1 < m[1] < 0.15
     rb.reset(np.array([0]))
     assert rb.mean(np.array([0]), 0.5)[0] == 0.5
+
+
+def test_confidence_map_learns_a_nonlinear_calibration_and_inverts_it():
+    """Survival per running confidence as measured on the CPU pair's draft model: 0.013 -> 0.39,
+    0.07 -> 0.62, >= 0.45 -> 1. The map reproduces it per bin (one ratio cannot), and the raw cut
+    for a survival cut lands where the measured survival crosses it."""
+    from control.goodput.estimators import ConfidenceMap
+
+    rng = np.random.default_rng(0)
+    xs = np.array([0.001, 0.013, 0.073, 0.24, 0.46, 0.9])
+    ys = np.array([0.2, 0.39, 0.62, 0.78, 0.98, 1.0])
+    cm = ConfidenceMap()
+    for _ in range(300):
+        prod = xs[rng.integers(len(xs), size=64)]
+        hit = rng.random(64) < np.interp(np.log10(prod), np.log10(xs), ys)
+        cm.update(prod, hit)
+    np.testing.assert_allclose(cm.survival(xs), ys, atol=0.08)
+    assert np.all(np.diff(cm.curve()) >= 0)
+    raw = cm.raw_cut(np.array([0.1, 0.5, 0.7]))
+    assert raw[0] < 0.002  # every measured bin survives more than 0.1 of the time: stop almost never
+    assert 0.013 < raw[1] < 0.073 and 0.073 < raw[2] < 0.24  # between the measured points around each cut
+    assert np.all(np.diff(raw) >= 0)
+    fresh = ConfidenceMap()  # the identity until measured: a cut maps to itself; one no bin reaches stops all
+    np.testing.assert_allclose(fresh.raw_cut(np.array([0.01, 0.3])), [0.01, 0.3], rtol=0.05)
+    assert fresh.raw_cut(np.array([0.99]))[0] == 1.0
+    # a ratio of totals would have put the 0.5 cut at a product of about 0.5 / 4 (clipped) or worse
+    assert cm.survival(np.array([0.013]))[0] > 10 * 0.013

@@ -232,3 +232,44 @@ def test_adaptive_prefills_the_draft_model_it_drafts_with():
     assert cheap_tiny.prefill_drafter() == 1
     cheap_tiny._note_favourite(np.array([0, 0, 0, 0, 1, 1]), np.array([0, 0, 0, 0, 3, 3]))  # only k > 0 counts
     assert cheap_tiny.prefill_drafter() == 0
+
+
+def test_adaptive_counts_an_n_gram_draft_that_stops_short_as_a_rejection():
+    """An n-gram lookup drafts fewer tokens than asked when its match runs out (or none without a
+    match). For the optimiser, which asks for k, the skipped position is a rejection: counting only
+    what was drafted gave n-gram the per-position rates of its long matches, and adaptive drifted to
+    it live while its realised acceptance fell to 0.4. A draft model cut short by the policy's own
+    confidence cut is not penalised."""
+    from control.plan import compile_plan
+    from control.policy import StepOutcome, StepView, build_policy
+    from tests.conftest import make_profile
+
+    pol = build_policy("adaptive", compile_plan(make_profile(acceptance={"draft": 0.7, "ngram": 0.7}), max_k=6))
+    n = 8
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 100),
+                          remaining=np.full(n, 50), drafters=("draft", "ngram"), max_k=6, free_kv_slots=10**6,
+                          token_budget=4096, draft_lag=np.zeros((n, 2), dtype=np.int64), step=1)
+    d = pol.decide(view)
+    assert d.k.max() > 1
+    asked = d.k
+    ng, dm = pol.ctx.drafters.index("ngram"), pol.ctx.drafters.index("draft")
+
+    def outcome(drafter_ctx, drafted, step):
+        exec_idx = np.full(n, ("draft", "ngram").index(pol.ctx.drafters[drafter_ctx]))
+        return StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=exec_idx, ctx_lens=view.ctx_lens,
+                           drafted=drafted, verified=drafted, accepted=drafted, verify_ms=10.0, draft_ms=0.1,
+                           total_ms=10.1, step=step)
+
+    # half the requests found no match, the rest matched one token less than asked, all accepted
+    short = np.where(np.arange(n) % 2 == 0, 0, np.maximum(asked - 1, 0))
+    before = pol.pos[ng].totals
+    pol.observe(outcome(ng, short, 1))
+    s, t = (a - b for a, b in zip(pol.pos[ng].totals, before, strict=True))
+    assert t == short.sum() + np.count_nonzero(asked > short)  # one failure where each draft stopped short
+    assert s == short.sum()
+    # the same short drafts from a draft model with confidences (a confidence cut) count no failure
+    pol.decide(view)
+    before = pol.pos[dm].totals
+    pol.observe(outcome(dm, short, 2))
+    s, t = (a - b for a, b in zip(pol.pos[dm].totals, before, strict=True))
+    assert t == s == short.sum()

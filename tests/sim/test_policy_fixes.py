@@ -117,14 +117,14 @@ def test_adaptive_values_tokens_of_long_context_requests_by_their_residence_cost
 
 def test_adaptive_calibrates_an_under_confident_drafter_before_cutting():
     """Two policies see the same outcomes (every drafted token accepted); one drafter's running
-    confidence said 0.3 after four tokens, the other's said 1. The cut is in calibrated survival,
-    so the raw cut handed to the executor for the under-confident drafter is about half the other's
-    (uncalibrated, it stopped drafts that would have been accepted)."""
+    confidence fell to 0.6 ** 8 = 0.017 over eight tokens, the other's stayed 1. The cut is in
+    calibrated survival, so the raw cut handed to the executor for the under-confident drafter is
+    well below the other's (uncalibrated, it stopped drafts that would have been accepted)."""
     from control.policy.types import StepOutcome
 
     prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
     plan = compile_plan(prof, max_k=8, drafters=["draft"])
-    n, k = 8, 4
+    n, k = 8, 8
 
     def view(step):
         return StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 500),
@@ -143,6 +143,6 @@ def test_adaptive_calibrates_an_under_confident_drafter_before_cutting():
                                     total_ms=10.0, step=step))
         return pol.decide(view(60)).conf_cut
 
-    calibrated, under = trained(1.0), trained(0.74)  # 0.74 ** 4 = 0.3
+    calibrated, under = trained(1.0), trained(0.6)
     assert calibrated is not None and under is not None and calibrated.max() > 0
     assert np.all(under < 0.7 * calibrated)
