@@ -11,7 +11,8 @@ Per step:
 4. ``admit_parametric`` picks per-request k maximising (n + sum admitted p) / T with the live cost
    model (real per-request contexts, so long contexts keep speculation alive at large batch), KV and
    token-budget limits, the SLO, and the catch-up cost of requests whose draft state lags.
-5. Where the drafter reports confidences, a marginal-cost cut stops each request's drafting early.
+5. Where the drafter reports confidences, a marginal-cost cut stops each request's drafting early
+   (in survival, mapped to the drafter's raw running confidence by its measured calibration).
 After the step, ``observe`` updates the estimators, refits the cost model online (recursive least
 squares with forgetting) and feeds the bandit.
 """
@@ -142,6 +143,16 @@ class AdaptivePolicy(BasePolicy):
         b_off = threshold_batch(self.cost, int(np.mean(view.ctx_lens)), self.pooled_rate(self.ctx.default),
                                 self.ctx.max_k, plan.profile.limits.max_batch, plan.slo, drafter=self.ctx.default)
         self.gate.retune(b_off)
+
+    def decide(self, view: StepView) -> Decision:
+        """The base protocol, remembering the k asked of each slot (``_tried`` compares the draft to it)."""
+        d = super().decide(view)
+        if view.n:
+            top = int(view.slots.max())
+            if top >= self._asked.size:
+                self._asked = np.concatenate([self._asked, np.zeros(max(top + 1, 2 * self._asked.size) - self._asked.size, dtype=I64)])
+            self._asked[view.slots] = d.k
+        return d
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
         n = view.n
@@ -363,15 +374,6 @@ class AdaptivePolicy(BasePolicy):
         return super().wants_draft_prefill(view) and self.gate.on
 
     # -- observe ---------------------------------------------------------------------------------
-    def decide(self, view: StepView) -> Decision:
-        d = super().decide(view)
-        if view.n:
-            top = int(view.slots.max())
-            if top >= self._asked.size:
-                self._asked = np.concatenate([self._asked, np.zeros(max(top + 1, 2 * self._asked.size) - self._asked.size, dtype=I64)])
-            self._asked[view.slots] = d.k
-        return d
-
     def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Draft tokens verified, plus the position where a drafter stopped short of the k asked.
 
