@@ -138,11 +138,42 @@ class AdaptivePolicy(BasePolicy):
 
     # -- decide ----------------------------------------------------------------------------------
     def _retune_gate(self, view: StepView) -> None:
-        """Re-derive the gate's threshold from the live cost model at the current context mix."""
+        """Re-derive the gate's threshold from the live cost model at the current context mix: the
+        batch size above which no drafter the executor runs pays at its pooled rate."""
         plan = self.ctx.plan
-        b_off = threshold_batch(self.cost, int(np.mean(view.ctx_lens)), self.pooled_rate(self.ctx.default),
-                                self.ctx.max_k, plan.profile.limits.max_batch, plan.slo, drafter=self.ctx.default)
+        ctx = int(np.mean(view.ctx_lens))
+        b_off = 0
+        for i in self._runnable():
+            b = threshold_batch(self.cost, ctx, self.pooled_rate(i), self.ctx.max_k, plan.profile.limits.max_batch,
+                                plan.slo, drafter=i)
+            if b is None:
+                b_off = None
+                break
+            b_off = max(b_off, b)
         self.gate.retune(b_off)
+
+    def _runnable(self) -> list[int]:
+        """Plan drafter indices the executor runs (all of them before the first step maps them)."""
+        m = len(self.ctx.drafters)
+        return [i for i in range(m) if not self._to_exec.size or self._to_exec[i] >= 0] or [self.ctx.default]
+
+    def _pays_at_pooled_rates(self, view: StepView) -> bool:
+        """Whether some drafter, at its pooled rate, makes a uniform k > 0 beat k = 0 for a batch of
+        this size and mean context. Called only on steps where every request got k = 0.
+
+        At light load a batch of one or two requests whose own rates are poor (an n-gram lookup
+        without matches in their text) gets k = 0 for a while; taking that as evidence about the
+        batch size closed the gate at batch 1-2 until the next probe, and the probe, which looked
+        at the default draft model only, kept it closed (the quick pair's live demo: k = 0 in 73%
+        of request-steps at load 0.5)."""
+        S = float(view.ctx_lens.mean())
+        kk = self._kk
+        for i in self._runnable():
+            r = min(self.pooled_rate(i), 0.999)
+            g = (1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(self.cost, view.n, S, kk, drafter=i)
+            if g[1:].max(initial=0.0) > g[0]:
+                return True
+        return False
 
     def decide(self, view: StepView) -> Decision:
         """The base protocol, remembering the k asked of each slot (``_tried`` compares the draft to it)."""
@@ -189,9 +220,11 @@ class AdaptivePolicy(BasePolicy):
             choice = Choice(choice.k, self._tokens(surv, choice.k), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
             choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
-        if choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any():
-            # Speculation did not pay for requests whose drafts are in sync: evidence about the batch
-            # size. (A zero that only reflects catch-up costs says nothing about the batch size.)
+        if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any()
+                and not self._pays_at_pooled_rates(view)):
+            # Speculation did not pay for requests whose drafts are in sync, and would not at the
+            # drafters' pooled rates either: evidence about the batch size. (A zero that only
+            # reflects catch-up costs, or requests whose own rates are poor, says nothing about it.)
             self._zero_run += 1
             if self._zero_run >= max(self.gate.min_dwell, 1):
                 self.gate.retune(min(self.gate.b_off, n))

@@ -273,3 +273,46 @@ def test_adaptive_counts_an_n_gram_draft_that_stops_short_as_a_rejection():
     pol.observe(outcome(dm, short, 2))
     s, t = (a - b for a, b in zip(pol.pos[dm].totals, before, strict=True))
     assert t == s == short.sum()
+
+
+def test_adaptive_keeps_the_gate_open_when_only_the_requests_own_rates_say_k_0():
+    """At light load one request whose own acceptance is poor gets k = 0 step after step. That says
+    nothing about the batch size while the drafter's pooled rate still pays there, so the gate must
+    not close (it did, at batch 1-2, until the next probe). When the pooled rate does not pay either,
+    the run of zeros still closes it."""
+    from control.plan import compile_plan
+    from control.policy import StepOutcome, StepView, build_policy
+    from tests.conftest import make_profile
+
+    def run(history: float):
+        plan = compile_plan(make_profile(draft=(2.5e-6, 0.003, 3.0), acceptance={"draft": 0.8, "ngram": 0.4}), max_k=6,
+                            drafters=["draft"])
+        pol = build_policy("adaptive", plan)
+        step = 1
+
+        def step_with(slots, rids, accepted_frac):
+            nonlocal step
+            n = slots.size
+            view = StepView.build(slots=slots, request_ids=rids, ctx_lens=np.full(n, 200), remaining=np.full(n, 200),
+                                  drafters=("draft",), max_k=6, free_kv_slots=10**6, token_budget=4096, step=step)
+            d = pol.decide(view)
+            k = d.k
+            acc = np.floor(k * accepted_frac).astype(np.int64)
+            pol.observe(StepOutcome(slots=slots, request_ids=rids, drafter=np.zeros(n, dtype=np.int64),
+                                    ctx_lens=view.ctx_lens, drafted=k, verified=k, accepted=acc, verify_ms=8.0,
+                                    draft_ms=1.0, total_ms=9.0, draft_passes=int(k.max(initial=0)),
+                                    draft_ctx_tokens=int(200 * n), draft_batched_tokens=int(k.sum()), step=step))
+            step += 1
+            return d
+
+        for _ in range(60):  # many requests before it: the pooled rate follows their acceptance
+            step_with(np.arange(8), np.arange(8), history)
+        lone = np.array([8]), np.array([100])
+        ks = [step_with(*lone, 0.0).k[0] for _ in range(120)]  # a request whose drafts are all rejected
+        return pol, ks
+
+    pol, ks = run(history=1.0)
+    assert ks[-1] == 0  # its own rate says k = 0 ...
+    assert pol.gate.b_off > 2  # ... but the gate stays open for batches the pooled rate pays at
+    pol, ks = run(history=0.0)
+    assert ks[-1] == 0 and pol.gate.b_off <= 1  # nothing pays at the pooled rate either: the gate closes
