@@ -203,6 +203,18 @@ class ResponseSender:
     ``_submit(parsed, sender)``, which starts serving one parsed request.
     """
 
+    def _read_config(self, pb, args: dict[str, Any]) -> ModelParams:
+        """The model config both flavours start from: pb, config, instance name, declared outputs and
+        the parameters; the model must be decoupled (it streams)."""
+        self.pb = pb
+        self.config = json.loads(args["model_config"])
+        self.instance = args.get("model_instance_name", "llm")
+        if not pb.using_decoupled_model_transaction_policy(self.config):
+            raise ConfigError("the llm model must be decoupled: set model_transaction_policy { decoupled: true }")
+        self.params = ModelParams.from_config(self.config)
+        self.outputs = {o["name"] for o in self.config.get("output", [])}
+        return self.params
+
     def execute(self, requests) -> None:
         pb = self.pb
         for request in requests:
@@ -258,13 +270,7 @@ class LlmModel(ResponseSender):
     def __init__(self, pb, args: dict[str, Any]) -> None:
         import torch
 
-        self.pb = pb
-        self.config = json.loads(args["model_config"])
-        self.instance = args.get("model_instance_name", "llm")
-        if not pb.using_decoupled_model_transaction_policy(self.config):
-            raise ConfigError("the llm model must be decoupled: set model_transaction_policy { decoupled: true }")
-        self.params = p = ModelParams.from_config(self.config)
-        self.outputs = {o["name"] for o in self.config.get("output", [])}
+        p = self._read_config(pb, args)
         torch.set_num_threads(p.threads)
         self._load(p)
         self.limits = Limits(max_tokens=p.max_tokens, default_max_tokens=min(p.default_max_tokens, p.max_tokens))

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -54,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from control.errors import ConfigError
-from control.triton.llm_model import Detokenizer, ModelParams, ResponseSender
+from control.triton.llm_model import Detokenizer, ResponseSender
 from control.triton.llm_request import (
     GenerateRequest,
     Limits,
@@ -177,13 +176,7 @@ class LlmApiModel(ResponseSender):
         from control.executors.trtllm import require_tensorrt_llm
         from control.executors.trtllm.llmapi import load_options
 
-        self.pb = pb
-        self.config = json.loads(args["model_config"])
-        self.instance = args.get("model_instance_name", "llm")
-        if not pb.using_decoupled_model_transaction_policy(self.config):
-            raise ConfigError("the llm model must be decoupled: set model_transaction_policy { decoupled: true }")
-        self.params = p = ModelParams.from_config(self.config)
-        self.outputs = {o["name"] for o in self.config.get("output", [])}
+        p = self._read_config(pb, args)
         opts = load_options(p.llm_api_options)
         self.model_path = p.model or str(opts.get("model") or "")
         if not self.model_path:
