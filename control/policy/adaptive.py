@@ -166,11 +166,10 @@ class AdaptivePolicy(BasePolicy):
         batch size closed the gate at batch 1-2 until the next probe, and the probe, which looked
         at the default draft model only, kept it closed (the quick pair's live demo: k = 0 in 73%
         of request-steps at load 0.5)."""
-        S = float(view.ctx_lens.mean())
-        kk = self._kk
+        inv = self._inv_step_ms(view)
         for i in self._runnable():
             r = min(self.pooled_rate(i), 0.999)
-            g = (1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(self.cost, view.n, S, kk, drafter=i)
+            g = (1.0 - r ** (self._kk + 1.0)) / (1.0 - r) * inv[i]
             if g[1:].max(initial=0.0) > g[0]:
                 return True
         return False
@@ -304,7 +303,7 @@ class AdaptivePolicy(BasePolicy):
         profile rates far below another, or that measured poorly, is seldom drawn; one that might
         win still is, with a probability that falls as its measurements rule it out.
         """
-        m, K, n = len(self.ctx.drafters), self.K, view.n
+        m = len(self.ctx.drafters)
         st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials
         a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS
         t = st[:, 1] + PRIOR_TRIALS
@@ -313,16 +312,9 @@ class AdaptivePolicy(BasePolicy):
         # with >= PRIOR_TRIALS pseudo-trials the two are close where it matters)
         sd = np.sqrt(mean * (1.0 - mean) / (t + 1.0))
         rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, 0.999)
-        ctx = int(view.ctx_lens.mean()) >> 4  # step times per 16-token context bucket, cached per cost model
-        key = (n, ctx, id(self.cost))
-        if self._steps_key != key:
-            kk = np.arange(K + 1, dtype=np.float64)
-            self._steps = 1.0 / np.stack([uniform_step_ms(self.cost, n, 16.0 * ctx + 8.0, kk, drafter=i)
-                                          for i in range(m)])  # (m, K+1): 1 / step ms
-            self._steps_key = key
         # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
         tokens = (1.0 - np.power.outer(rate, self._kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
-        inv = self._steps
+        inv = self._inv_step_ms(view)
         catch = self._catch_up_ms(view)
         if catch is not None:
             inv = 1.0 / (1.0 / inv + catch[:, None])
@@ -330,6 +322,17 @@ class AdaptivePolicy(BasePolicy):
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+    def _inv_step_ms(self, view: StepView) -> np.ndarray:
+        """(m, K+1): 1 / step ms of a uniform k = 0..K for each drafter at this batch size and mean
+        context, cached per 16-token context bucket and cost model."""
+        ctx = int(view.ctx_lens.mean()) >> 4
+        key = (view.n, ctx, id(self.cost))
+        if self._steps_key != key:
+            self._steps = 1.0 / np.stack([uniform_step_ms(self.cost, view.n, 16.0 * ctx + 8.0, self._kk, drafter=i)
+                                          for i in range(len(self.ctx.drafters))])
+            self._steps_key = key
+        return self._steps
 
     def _catch_up_ms(self, view: StepView) -> np.ndarray | None:
         """Per drafter, the draft-model time per step of bringing this batch's requests in sync with it,
