@@ -94,3 +94,13 @@ def test_plan_outputs(good, capsys):
     assert sched[min(sched)] == out["max_draft_len"] <= 5
     assert main(["plan", "--profile", str(good), "--policy", "bogus"]) == 2
     assert "unknown policy 'bogus'" in capsys.readouterr().err
+
+
+def test_build_refuses_an_engine_directory_it_cannot_create_before_training(tmp_path):
+    """Found by hand: an unwritable --out failed only at the save step, after the whole build."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    r = _run("build", "--sku", "cpu", "--quick", "--out", str(blocker / "engines"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot be created" in lines[0] and "is a file" in lines[0], r.stderr

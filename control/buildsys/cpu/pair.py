@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,8 +59,16 @@ def _loadavg() -> float | None:
 
 
 def check_out_dir(out: Path, force: bool) -> None:
-    """Refuse to replace anything that is not an engine directory, and an engine directory without --force."""
+    """Refuse to replace anything that is not an engine directory, and an engine directory without --force;
+    refuse a directory that cannot be written before the build spends its time."""
     if not out.exists():
+        try:  # the build writes next to --out, then renames: probe that now, not after training
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.probe-").cleanup()
+        except OSError as e:
+            file = next((p for p in out.absolute().parents if p.is_file()), None)
+            why = f"'{file}' is a file" if file is not None else e.strerror
+            raise ConfigError(f"engine directory '{out}' cannot be created ({why}); choose a directory you can write") from e
         return
     if not out.is_dir():
         raise ConfigError(f"--out '{out}' is a file; give a directory for the engines")
