@@ -127,6 +127,7 @@ def main(argv=None) -> int:
             last[spec] = {"acceptance": accepted / verified if verified else 0.0, "mean_k": float(k.mean()) if k.size else 0.0,
                           "hist": np.bincount(k, minlength=args.max_k + 1).tolist()}
             print(f"repeat {rep + 1} {spec:>14s}: {gen / wall:7.1f} tok/s, model {model_tok_s[spec][-1]:7.1f}", flush=True)
+
     def best_fixed(table):
         return max((statistics.median(v) for s, v in table.items() if s.startswith("fixed")), default=None)
 
