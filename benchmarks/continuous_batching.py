@@ -64,6 +64,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from control.errors import ConfigError
     from control.executors.base import SamplingParams
     from control.executors.reference.calibrate import find_profile, quick_profile
     from control.executors.reference.engine import EngineConfig, ReferenceEngine
@@ -74,8 +75,11 @@ def main(argv=None) -> int:
     from control.profile import load_profile
 
     torch.set_num_threads(args.threads)
-    loaded = load_engine_dir(args.engine_dir)
-    profile = load_profile(args.profile) if args.profile else (find_profile(loaded) or quick_profile(loaded))
+    try:
+        loaded = load_engine_dir(args.engine_dir)
+        profile = load_profile(args.profile) if args.profile else (find_profile(loaded) or quick_profile(loaded))
+    except ConfigError as e:  # a missing engine directory or a bad profile: one line, not a traceback
+        raise SystemExit(f"continuous_batching: {e}") from None
     drafter = next(n for n, m in loaded.drafters.items() if hasattr(m, "config"))
     active = [n for n in loaded.drafters if n in profile.drafter_names]
     rng = np.random.default_rng(args.seed)

@@ -38,6 +38,13 @@ def test_unknown_drafter_is_named(tiny_engine_dir, tmp_path):
     assert r.returncode != 0 and "nope" in r.stderr and "known:" in r.stderr
 
 
+def test_missing_engine_dir_and_profile_are_one_line_errors(tiny_engine_dir, tmp_path):
+    r = _run(tmp_path / "nowhere", cwd=tmp_path)
+    assert r.returncode != 0 and "nowhere" in r.stderr and "specctl build" in r.stderr and "Traceback" not in r.stderr
+    r = _run(tiny_engine_dir, "--profile", str(tmp_path / "none.yaml"), cwd=tmp_path)
+    assert r.returncode != 0 and "none.yaml" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_adaptive_runs_on_corpus_prompts_with_model_times(tiny_engine_dir, tmp_path):
     """--prompts corpus (the bench's held-out files) and --model-times run, and repeat exactly."""
     r = _run(tiny_engine_dir, "--batch", "3", "--requests", "8", "--max-tokens", "12", "--prompt-len", "16",
