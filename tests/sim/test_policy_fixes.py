@@ -146,3 +146,33 @@ def test_adaptive_calibrates_an_under_confident_drafter_before_cutting():
     calibrated, under = trained(1.0), trained(0.6)
     assert calibrated is not None and under is not None and calibrated.max() > 0
     assert np.all(under < 0.7 * calibrated)
+
+
+def test_adaptive_gives_drafts_to_the_requests_that_move_slowest():
+    """An accepted token of a request making ~1.3 tokens a step saves it most of a step; one of a
+    request making ~4 saves a quarter of one, while the draft passes it adds hold up the whole batch.
+    Mean latency follows request-steps, so with their pace known adaptive shifts its drafting from
+    the fast requests toward the slow ones (judged from the same acceptance estimates either way)."""
+    from control.policy.types import StepOutcome
+
+    prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
+    plan = compile_plan(prof, max_k=8, drafters=["draft"])
+    pol = build_policy("adaptive", plan)
+    n = 16
+    slow = np.arange(n) >= 8
+    slots, rids, ctx = np.arange(n), np.arange(n) + 100, np.full(n, 400)
+    for step in range(1, 13):
+        view = StepView.build(slots=slots, request_ids=rids, ctx_lens=ctx + 3 * step, remaining=np.full(n, 300),
+                              drafters=("draft",), max_k=8, free_kv_slots=10**7, token_budget=8192, step=step)
+        k = pol.decide(view).k
+        acc = np.where(slow, np.minimum(k, int(step % 3 == 0)), k)  # slow: a third of first drafts
+        pol.observe(StepOutcome(slots=slots, request_ids=rids, drafter=np.zeros(n, dtype=np.int64), ctx_lens=view.ctx_lens,
+                                drafted=k, verified=k, accepted=acc, verify_ms=20.0, total_ms=25.0, step=step))
+    view = StepView.build(slots=slots, request_ids=rids, ctx_lens=ctx + 40, remaining=np.full(n, 300),
+                          drafters=("draft",), max_k=8, free_kv_slots=10**7, token_budget=8192, step=13)
+    paced = pol.decide(view).k
+    assert np.all(pol._pace[slots[slow]] < pol._pace[slots[~slow]])
+    pol._pace[:] = np.nan  # the same estimates, no pace: every token valued alike
+    plain = pol.decide(view).k
+    assert paced[~slow].sum() < plain[~slow].sum() and paced[slow].sum() >= plain[slow].sum(), (paced, plain)
+    assert paced[slow].sum() / paced.sum() > plain[slow].sum() / plain.sum()
