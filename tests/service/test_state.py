@@ -112,6 +112,24 @@ def test_an_accurate_profile_on_a_jittery_machine_is_kept_not_refitted():
     assert "online_refit" not in st.plan.profile.environment or not st.plan.profile.environment["online_refit"]
 
 
+def test_a_level_shift_under_a_narrow_batch_mix_refits_the_constant_not_the_slopes():
+    """A machine 3 ms slower per pass than profiled, at one steady batch size with jitter: the level
+    is identified, the per-token slopes are not. The service moves the constant and keeps the
+    profile's slopes, instead of a full refit that trades them against each other."""
+    profile = make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0))
+    truth = make_profile(target=(2.0e-5, 0.02, 9.0), draft=(2.5e-6, 0.003, 1.0))
+    st, clock = _state(profile)
+    engines = _engines(profile, truth, {"draft": 0.7, "ngram": 0.4}, batches=(16, 16, 16, 16))
+    for e in engines:
+        e.noise = 0.05
+    _feed(st, engines, 80, clock, windows=3)
+    st.maybe_replan()
+    assert "target" in st.refit.refitted
+    got, base = st.refit.coeffs["target"], profile.models["target"]
+    assert got.a_ms_per_ctx_token == base.a_ms_per_ctx_token and got.b_ms_per_batched_token == base.b_ms_per_batched_token
+    assert abs(got.c_ms - 9.0) < 0.6, got
+
+
 def test_steady_state_is_not_republished_but_an_acceptance_shift_is():
     profile = make_profile(acceptance={"draft": 0.7, "ngram": 0.4})
     st, clock = _state(profile)
