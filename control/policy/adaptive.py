@@ -8,9 +8,10 @@ Per step:
    pooled acceptance, the profile's rate as a prior, mapped to goodput through the cost model).
 3. Survival p[r, j] combines the request's own Beta-posterior rate (shrunk to its category's or the
    drafter's pooled rate) with the drafter's per-position acceptance curve.
-4. ``admit_parametric`` picks per-request k maximising (n + sum admitted p) / T with the live cost
-   model (real per-request contexts, so long contexts keep speculation alive at large batch), KV and
-   token-budget limits, the SLO, and the catch-up cost of requests whose draft state lags.
+4. ``admit_parametric`` picks per-request k maximising (n + sum admitted w * p) / T with the live
+   cost model (real per-request contexts, so long contexts keep speculation alive at large batch), KV
+   and token-budget limits, the SLO, and the catch-up cost of requests whose draft state lags; w
+   values a request's token by the step time it saves (its per-step residence cost over its pace).
 5. Where the drafter reports confidences, a marginal-cost cut stops each request's drafting early
    (in survival, mapped to the drafter's raw running confidence by its measured calibration).
 After the step, ``observe`` updates the estimators, refits the cost model online (recursive least
