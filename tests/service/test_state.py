@@ -69,6 +69,18 @@ def _feed(state, engines, steps, clock, windows=1):
         clock[0] += 1.0
 
 
+def _replanned_after_jitter(profile, truth, batches, noise):
+    """A service fed 3 windows from agents at ``batches`` whose step times follow ``truth`` with
+    relative jitter ``noise``, after one replan."""
+    st, clock = _state(profile)
+    engines = _engines(profile, truth, {"draft": 0.7, "ngram": 0.4}, batches=batches)
+    for e in engines:
+        e.noise = noise
+    _feed(st, engines, 80, clock, windows=3)
+    st.maybe_replan()
+    return st
+
+
 def _state(profile, **cfg):
     clock = [1000.0]
     st = ControlState(profile, ServiceConfig(**{"min_replan_s": 0.0, **cfg}), clock=lambda: clock[0])
@@ -101,12 +113,7 @@ def test_an_accurate_profile_on_a_jittery_machine_is_kept_not_refitted():
     """Step times that scatter +-20% around the profile: a refit would only fit the noise, so the
     service keeps the profile's coefficients (the policies then plan with the true costs)."""
     profile = make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0))
-    st, clock = _state(profile)
-    engines = _engines(profile, profile, {"draft": 0.7, "ngram": 0.4}, batches=(12, 14, 16, 16))
-    for e in engines:
-        e.noise = 0.2
-    _feed(st, engines, 80, clock, windows=3)
-    st.maybe_replan()
+    st = _replanned_after_jitter(profile, profile, batches=(12, 14, 16, 16), noise=0.2)
     assert st.refit.samples_in("target") >= 32 and not st.refit.refitted
     assert st.plan.profile.models == profile.models
     assert "online_refit" not in st.plan.profile.environment or not st.plan.profile.environment["online_refit"]
@@ -118,12 +125,7 @@ def test_a_level_shift_under_a_narrow_batch_mix_refits_the_constant_not_the_slop
     profile's slopes, instead of a full refit that trades them against each other."""
     profile = make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0))
     truth = make_profile(target=(2.0e-5, 0.02, 9.0), draft=(2.5e-6, 0.003, 1.0))
-    st, clock = _state(profile)
-    engines = _engines(profile, truth, {"draft": 0.7, "ngram": 0.4}, batches=(16, 16, 16, 16))
-    for e in engines:
-        e.noise = 0.05
-    _feed(st, engines, 80, clock, windows=3)
-    st.maybe_replan()
+    st = _replanned_after_jitter(profile, truth, batches=(16, 16, 16, 16), noise=0.05)
     assert "target" in st.refit.refitted
     got, base = st.refit.coeffs["target"], profile.models["target"]
     assert got.a_ms_per_ctx_token == base.a_ms_per_ctx_token and got.b_ms_per_batched_token == base.b_ms_per_batched_token
