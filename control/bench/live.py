@@ -224,10 +224,16 @@ async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeou
     return list(results), sent
 
 
+TIME_KEYS = ("policy_ms", "prefill_ms", "draft_ms", "verify_ms", "deliver_ms")
+
+
 def _delta(after: dict, before: dict) -> dict[str, Any]:
     keys = ("busy_ms", "decode_steps", "spec_steps", "step_verified", "step_accepted", "generated", "completed",
             "failed", "cancelled")
     d = {k: after[k] - before[k] for k in keys}
+    for k in TIME_KEYS:  # an executor that does not time these parts leaves them out
+        if k in after and k in before:
+            d[k] = after[k] - before[k]
     d["k_hist"] = (np.asarray(after["k_hist"]) - np.asarray(before["k_hist"])).tolist()
     return d
 
@@ -261,7 +267,8 @@ def run_once(ep: Endpoints, reqs: Requests, *, policy: str, load: float, rate: f
                          "client_drafted": drafted, "client_accepted": accepted,
                          "mean_accepted_per_step": (d["step_accepted"] + d["decode_steps"]) / d["decode_steps"]
                          if d["decode_steps"] else None,
-                         "busy_s": d["busy_ms"] / 1e3, "plan_version": after.get("plan_version")})
+                         "busy_s": d["busy_ms"] / 1e3, "plan_version": after.get("plan_version"),
+                         "time_s": {k[:-3]: round(d[k] / 1e3, 4) for k in TIME_KEYS if k in d}})
     return row
 
 

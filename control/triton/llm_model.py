@@ -182,6 +182,13 @@ class Counters:
     step_verified: int = 0
     step_accepted: int = 0
     generated: int = 0
+    # Where the busy time went (ms): the policy (decide + prune + observe), prompt prefill, draft
+    # and verify passes, and the loop's own time delivering each step's outputs to the senders.
+    policy_ms: float = 0.0
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    deliver_ms: float = 0.0
 
 
 def load_model(pb, args: dict[str, Any]):
@@ -373,6 +380,10 @@ class LlmModel(ResponseSender):
             c = self.counters
             c.steps += 1
             c.busy_ms += st.total_ms
+            c.policy_ms += st.policy_ms
+            c.prefill_ms += st.prefill_ms
+            c.draft_ms += st.draft_ms
+            c.verify_ms += st.verify_ms
             c.generated += st.generated
             if st.decode_batch:
                 k = np.asarray(st.k, dtype=np.int64)
@@ -382,8 +393,10 @@ class LlmModel(ResponseSender):
                 c.step_accepted += st.accepted
                 self._k_hist += np.bincount(np.clip(k, 0, K_HIST - 1), minlength=K_HIST)
             self._last_k = list(st.k)
+            t = time.perf_counter()
             for out in outs:
                 self._deliver(out)
+            c.deliver_ms += (time.perf_counter() - t) * 1e3
 
     def _reap_cancelled(self) -> None:
         for rid, live in list(self.live.items()):
@@ -457,7 +470,9 @@ class LlmModel(ResponseSender):
             "requests": c.requests, "rejected": c.rejected, "completed": c.completed, "cancelled": c.cancelled,
             "failed": c.failed, "steps": c.steps, "step_errors": c.step_errors, "send_errors": c.send_errors,
             "drafted": c.drafted, "accepted": c.accepted, "last_k": self._last_k, "last_error": c.last_error,
-            "busy_ms": round(c.busy_ms, 3), "decode_steps": c.decode_steps, "spec_steps": c.spec_steps,
+            "busy_ms": round(c.busy_ms, 3), "policy_ms": round(c.policy_ms, 3), "prefill_ms": round(c.prefill_ms, 3),
+            "draft_ms": round(c.draft_ms, 3), "verify_ms": round(c.verify_ms, 3), "deliver_ms": round(c.deliver_ms, 3),
+            "decode_steps": c.decode_steps, "spec_steps": c.spec_steps,
             "step_verified": c.step_verified, "step_accepted": c.step_accepted, "generated": c.generated,
             "k_hist": self._k_hist.tolist(),
             "policy": self.current_policy(),

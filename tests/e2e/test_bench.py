@@ -35,6 +35,14 @@ def test_bench_switches_policies_and_writes_the_bench_schema(deployment, tmp_pat
     assert rows["fixed:2"]["spec_step_share"] > 0 and details["fixed:2"]["client_drafted"] > 0
     assert max(i for i, c in enumerate(details["fixed:2"]["k_hist"]) if c) == 2  # k never above the plan's 2
     assert all(rows[p]["mean_latency_s"] > 0 and rows[p]["goodput_tok_s"] > 0 for p in rows)
+    # Where the busy time went: every part measured, the step's parts within its total.
+    for d in details.values():
+        t = d["time_s"]
+        assert set(t) == {"policy", "prefill", "draft", "verify", "deliver"}
+        assert t["prefill"] > 0 and t["verify"] > 0 and t["deliver"] > 0
+        assert t["policy"] + t["prefill"] + t["draft"] + t["verify"] <= d["busy_s"] * 1.001
+    # no speculation: no draft passes (only the clock reads around an empty drafting loop)
+    assert details["none"]["time_s"]["draft"] < 0.1 * details["fixed:2"]["time_s"]["draft"]
     assert doc["meta"]["capacity_req_s"] == 20
     assert doc["meta"]["warmup"].startswith("2 requests per policy")  # served, unmeasured: no rows of its own
     assert "| 1 | fixed:2 |" in md.read_text() and (tmp_path / "bench.latency.png").stat().st_size > 0
