@@ -90,8 +90,10 @@ class AdaptivePolicy(BasePolicy):
         self._is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)
         self._consolidate = bool(self._is_model.sum() > 1 and not b.capacities)
         self._fav = self._profile_favourite(ctx) if self._consolidate else -1
-        self._asked = np.zeros(64, dtype=I64)  # per slot: the k the last decision asked for
-        self._pace = np.full(64, np.nan)  # per slot: expected tokens per step at the k it has been given
+        # per slot, grown together in ``decide``: the k the last decision asked for, and the expected
+        # tokens per step at the k the request has been given (NaN before its first decision)
+        self._asked = np.zeros(64, dtype=I64)
+        self._pace = np.full(64, np.nan)
 
     def update_context(self, ctx: PolicyContext) -> None:
         # a smaller max_k keeps the estimators (their extra positions are never admitted: caps() bound k)
@@ -133,7 +135,7 @@ class AdaptivePolicy(BasePolicy):
         return d.size == 1 or bool((d == d[0]).all())
 
     def reset_slots(self, slots: np.ndarray) -> None:
-        self._pace[slots[slots < self._pace.size]] = np.nan  # slots beyond it are grown as NaN (_note_pace)
+        self._pace[slots] = np.nan
         for r in self.req:
             r.ensure(int(slots.max()))
             r.reset(slots)
@@ -179,12 +181,14 @@ class AdaptivePolicy(BasePolicy):
         return False
 
     def decide(self, view: StepView) -> Decision:
-        """The base protocol, remembering the k asked of each slot (``_tried`` compares the draft to it)."""
+        """The base protocol, with the per-slot arrays grown first and the k asked of each slot
+        remembered (``_tried`` compares the draft to it)."""
+        if view.n and int(view.slots.max()) >= self._asked.size:
+            size = max(int(view.slots.max()) + 1, 2 * self._asked.size)
+            self._asked = np.concatenate([self._asked, np.zeros(size - self._asked.size, dtype=I64)])
+            self._pace = np.concatenate([self._pace, np.full(size - self._pace.size, np.nan)])
         d = super().decide(view)
         if view.n:
-            top = int(view.slots.max())
-            if top >= self._asked.size:
-                self._asked = np.concatenate([self._asked, np.zeros(max(top + 1, 2 * self._asked.size) - self._asked.size, dtype=I64)])
             self._asked[view.slots] = d.k
         return d
 
@@ -397,7 +401,7 @@ class AdaptivePolicy(BasePolicy):
         n = view.n
         if n < 2:
             return None
-        pace = self._pace[view.slots] if int(view.slots.max()) < self._pace.size else np.full(n, np.nan)
+        pace = self._pace[view.slots]
         known = np.isfinite(pace)
         w = np.ones(n)
         if known.any():
@@ -413,10 +417,6 @@ class AdaptivePolicy(BasePolicy):
     def _note_pace(self, view: StepView, surv: np.ndarray, k: np.ndarray) -> None:
         """Smooth each request's expected tokens per step at the k just chosen into its pace."""
         slots = view.slots
-        if int(slots.max()) >= self._pace.size:
-            grown = np.full(max(int(slots.max()) + 1, 2 * self._pace.size), np.nan)
-            grown[: self._pace.size] = self._pace
-            self._pace = grown
         now = 1.0 + np.where(self._pos_idx < k[:, None], surv, 0.0).sum(axis=1)
         old = self._pace[slots]
         self._pace[slots] = np.where(np.isfinite(old), PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now, now)
