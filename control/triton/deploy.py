@@ -114,15 +114,15 @@ class Deployment:
 
     def __init__(self, cfg: DeploymentConfig, say: Callable[[str], None] = lambda s: None) -> None:
         from control.executors.manifest import load_manifest
-        from control.triton.server import free_port
+        from control.triton.server import free_ports
 
         if not (Path(cfg.engine_dir) / "manifest.json").is_file():
             raise ConfigError(f"engine directory {cfg.engine_dir} has no manifest.json; build one with "
                               "`specctl build --sku cpu` (or --quick) or pass --engine-dir DIR")
         load_manifest(cfg.engine_dir)
-        for name in ("http_port", "grpc_port", "metrics_port", "control_port"):
-            if getattr(cfg, name) == 0:
-                setattr(cfg, name, free_port(cfg.host))
+        unset = [name for name in ("http_port", "grpc_port", "metrics_port", "control_port") if getattr(cfg, name) == 0]
+        for name, port in zip(unset, free_ports(len(unset), cfg.host), strict=True):
+            setattr(cfg, name, port)
         self.cfg = cfg
         self.say = say
         self.token = cfg.token or os.environ.get("SPECCTL_TOKEN") or secrets.token_urlsafe(24)

@@ -99,10 +99,27 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports. All are held open while picking: ports picked one after another
+    can repeat (the kernel may hand a just-closed ephemeral port out again), and two servers of one
+    deployment then collide on it."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_server_ports(host: str = "127.0.0.1") -> dict[str, int]:
+    """Distinct free ``http_port``, ``grpc_port`` and ``metrics_port`` for a ``TritonServer``."""
+    return dict(zip(("http_port", "grpc_port", "metrics_port"), free_ports(3, host), strict=True))
 
 
 def check_ports(ports: dict[str, int], host: str = "127.0.0.1") -> None:

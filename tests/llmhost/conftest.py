@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from control.triton.server import TritonServer, free_port
+from control.triton.server import TritonServer, free_port, free_server_ports
 from tests.conftest import make_profile
 from tests.llmhost.deploy import ROOT, build_repository
 from tests.trtllm_triton.engines import build_tiny_engines
@@ -92,7 +92,7 @@ def llmapi(tmp_path_factory, tiny_checkpoints, llmapi_profile):
     service, control_url = _start_service(llmapi_profile, work)
     try:
         repo = build_repository(work, tiny_checkpoints, llmapi_profile, control_url, TOKEN, FAIL_TOKEN)
-        srv = TritonServer(repo, work / "run", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+        srv = TritonServer(repo, work / "run", **free_server_ports(),
                            pythonpath=[str(ROOT)],
                            extra_args=["--model-load-thread-count=2", "--exit-timeout-secs=5"])
         srv.start(timeout_s=240)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from control.errors import SpecctlError
-from control.triton.server import TritonServer, free_port
+from control.triton.server import TritonServer, free_server_ports
 from tests.llmhost.deploy import ROOT, render
 
 pytestmark = pytest.mark.e2e
@@ -16,8 +16,7 @@ pytestmark = pytest.mark.e2e
 
 def test_without_tensorrt_llm_the_model_fails_to_load_with_one_line(tmp_path, llmapi_profile):
     deploy = render(tmp_path / "deploy", "draft", llmapi_profile)  # exactly what a user serves, unmodified
-    srv = TritonServer(deploy / "triton_repo", tmp_path / "run", http_port=free_port(), grpc_port=free_port(),
-                       metrics_port=free_port(), pythonpath=[str(ROOT)])
+    srv = TritonServer(deploy / "triton_repo", tmp_path / "run", **free_server_ports(), pythonpath=[str(ROOT)])
     t0 = time.monotonic()
     with pytest.raises(SpecctlError, match="tritonserver exited with code 1 while starting"):
         srv.start(timeout_s=120)

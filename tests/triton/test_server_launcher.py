@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from control.errors import SpecctlError
-from control.triton.server import TritonServer, free_port, port_free
+from control.triton.server import TritonServer, free_ports, free_server_ports, port_free
 
 CONFIG = """
 backend: "python"
@@ -47,7 +47,7 @@ def repo(tmp_path):
 
 
 def _ports():
-    return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    return free_server_ports()
 
 
 def test_server_starts_streams_and_stops(repo):
@@ -74,6 +74,15 @@ def test_taken_port_is_reported_before_starting(repo):
         s.listen()
         with pytest.raises(SpecctlError, match=f"grpc port {ports['grpc_port']} already in use"):
             TritonServer(repo / "models", repo / "run", **ports).start()
+
+
+def test_free_ports_are_distinct_and_bindable():
+    """Picked together, never twice the same (one at a time, a just-closed port can come back, and a
+    deployment's control-plane service and Triton's metrics endpoint then collided on it in CI)."""
+    for _ in range(20):
+        ports = free_ports(64)
+        assert len(set(ports)) == 64
+    assert all(port_free(p) for p in free_server_ports().values())
 
 
 def test_a_broken_model_fails_fast_with_the_log(repo):

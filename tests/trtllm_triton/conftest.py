@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from control.triton.server import TritonServer, free_port
+from control.triton.server import TritonServer, free_server_ports
 from tests.conftest import make_profile
 from tests.trtllm_triton.deploy import ROOT, build_repository
 from tests.trtllm_triton.engines import build_tiny_engines, load_target, train_tokenizer
@@ -38,7 +38,7 @@ def triton(tmp_path_factory, engines):
     profile = work / "profile.yaml"
     profile.write_text(yaml.safe_dump(make_profile().to_dict()))
     repo = build_repository(work, engines, profile)
-    srv = TritonServer(repo, work / "run", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+    srv = TritonServer(repo, work / "run", **free_server_ports(),
                        pythonpath=[str(ROOT)],  # the Python backend imports `control` from this checkout
                        extra_args=["--model-load-thread-count=8"])  # all six models load at once
     srv.start(timeout_s=240)
