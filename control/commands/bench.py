@@ -58,7 +58,7 @@ def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str, warm
     p.add_argument("--drafters", type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
                    help="drafter set every policy runs with, e.g. draft-small (default: the deployment's; the "
                         "control plane rejects names the profile does not have)")
-    p.add_argument("--repeats", type=A.positive_int, default=1, help="runs per policy and load, interleaved (default 1)")
+    p.add_argument("--repeats", type=A.positive_int, default=1, help="runs per policy and load, interleaved, the policies' order rotating each repeat (default 1)")
     p.add_argument("--warmup-requests", type=A.nonnegative_int, default=warmup,
                    help="requests each policy serves, unmeasured, before the measured runs, at half the capacity: a "
                         f"learning policy starts from what a running deployment knows, not cold (default {warmup}; 0: none)")
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], dict]:
-    """Capacity, then every load x policy (x repeats), interleaved; rows and meta."""
+    """Capacity, then every load x policy (x repeats), interleaved (``run_order``); rows and meta."""
     import time
 
     from rich.console import Console
@@ -147,23 +147,32 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                              on_done=lambda d, t=task: prog.update(t, completed=d))
                     prog.remove_task(task)
             overall = prog.add_task("runs", total=runs)
-            for rep in range(args.repeats):
-                for load in args.loads:
-                    for pol in args.policies:
-                        switch_policy(ep, pol, drafters=args.drafters)
-                        time.sleep(0.2)
-                        task = prog.add_task(f"load {load:g} {pol}", total=reqs.n)
-                        row = run_once(ep, reqs, policy=pol, load=load, rate=load * capacity, seed=args.seed + rep,
-                                       slo=slo, on_done=lambda d, t=task: prog.update(t, completed=d))
-                        prog.remove_task(task)
-                        prog.advance(overall)
-                        rows.append(row)
-                        lat = row["mean_latency_s"]
-                        console.print(f"load {load:g} {pol:>10s}: mean latency {lat if lat is None else round(lat, 3)} s, "
-                                      f"goodput {row['goodput_tok_s']} tok/s, failed {row['extra']['failed']}")
+            for rep, load, pol in run_order(args.loads, args.policies, args.repeats):
+                switch_policy(ep, pol, drafters=args.drafters)
+                time.sleep(0.2)
+                task = prog.add_task(f"load {load:g} {pol}", total=reqs.n)
+                row = run_once(ep, reqs, policy=pol, load=load, rate=load * capacity, seed=args.seed + rep,
+                               slo=slo, on_done=lambda d, t=task: prog.update(t, completed=d))
+                prog.remove_task(task)
+                prog.advance(overall)
+                rows.append(row)
+                lat = row["mean_latency_s"]
+                console.print(f"load {load:g} {pol:>10s}: mean latency {lat if lat is None else round(lat, 3)} s, "
+                              f"goodput {row['goodput_tok_s']} tok/s, failed {row['extra']['failed']}")
         finally:
             clear_overrides(ep)
     return rows, meta
+
+
+def run_order(loads: list[float], policies: list[str], repeats: int):
+    """(repeat, load, policy) in the order the runs go: repeats outermost, then loads; the policies'
+    order rotates by one each repeat, so no policy always runs first or last at a load (after the
+    same neighbour, on a server that has just been through the same runs)."""
+    m = len(policies)
+    for rep in range(repeats):
+        for load in loads:
+            for j in range(m):
+                yield rep, load, policies[(j + rep) % m]
 
 
 def report(rows: list[dict], meta: dict, *, json_path: str | None, report_path: str | None, title: str | None = None) -> str:
