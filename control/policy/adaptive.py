@@ -45,7 +45,6 @@ PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploratio
 # a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
 THOMPSON_SAMPLES = 32  # posterior draws per exploring step
 PACE_SMOOTHING = 0.5  # weight of a request's previous pace against this step's (damps k <-> weight feedback)
-EXPLORE_REFRESH = 4  # exploring steps within a chunk between fresh Thompson estimates
 EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of being best stays above this:
 # below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
 
@@ -88,7 +87,6 @@ class AdaptivePolicy(BasePolicy):
                                      b.max_exploit_slots, seed=self._seed) if (m > 1 and b.enabled) else None)
         if self.bandit is not None:
             self.bandit.keep_p = EXPLORE_KEEP
-        self._explore_age, self._explore_n = 0, -1
         self._is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)
         self._consolidate = bool(self._is_model.sum() > 1 and not b.capacities)
         self._fav = self._profile_favourite(ctx) if self._consolidate else -1
@@ -209,15 +207,9 @@ class AdaptivePolicy(BasePolicy):
             allowed = self._to_exec >= 0
             b = self.bandit
             if b.exploring:
-                # fresh at every chunk boundary, where the draws happen, and every EXPLORE_REFRESH steps
-                # within a chunk, so a drafter that stops winning is dropped within a few steps (the
-                # favourite too: the profile's favourite can be the one that fails on this workload).
-                # Every step would cost a quarter of a millisecond, 1% of a batch-1 step on the CPU pair.
-                self._explore_age += 1
-                if (b.draws_next() or self._explore_age >= EXPLORE_REFRESH or b.explore_p is None
-                        or n != self._explore_n):
-                    b.explore_p = self.explore_probs(view, allowed)
-                    self._explore_age, self._explore_n = 0, n
+                # fresh every exploring step, so a drafter that stops winning is dropped at once (the
+                # favourite too: the profile's favourite can be the one that fails on this workload)
+                b.explore_p = self.explore_probs(view, allowed)
             d_ctx = self._one_model_per_step(self.bandit.assign(view.slots, switch_cost, allowed=allowed))
         else:
             d_ctx = np.full(n, self.ctx.default, dtype=I64)
