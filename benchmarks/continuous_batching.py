@@ -180,7 +180,7 @@ class ModelClock:
     def observe(self, o) -> None:
         if o.n:
             c = self.cost
-            verify = float(c.target.predict(float(o.ctx_lens.sum()), float((o.verified + 1).sum())))
+            verify = float(c.target.predict(float(o.ctx_lens.sum()), float((o.verified + 1).sum()), 1, o.n))
             drafted = o.drafter[o.drafted > 0]
             ran = {self.drafters[int(i)] for i in np.unique(drafted)}
             models = [d for d in c.drafters if d.name in ran and d.model is not None]

@@ -50,7 +50,7 @@ def weighted_adaptive():
     def admit(cost, ctx, surv, cap, cons, drafter=None, lag=None, g0=None, **kw):
         ctx = np.asarray(ctx, dtype=np.float64)
         t = cost.target
-        own = t.a * ctx + t.b + (t.c + cost.overhead_ms) / max(ctx.shape[0], 1)
+        own = t.a * ctx + t.b + t.d + (t.c + cost.overhead_ms) / max(ctx.shape[0], 1)
         w = own / own.mean()
         # g0 is the previous step's unweighted goodput scale: start the Dinkelbach iteration afresh
         return orig(cost, ctx, surv * w[:, None], cap, cons, drafter=drafter, lag=lag, g0=None, **kw)

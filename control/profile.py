@@ -43,7 +43,10 @@ def _finite_nonneg(v: float, name: str) -> float:
 
 
 class CostCoeffs(BaseModel):
-    """T_fwd = a * N_ctx + b * N_batched + c in milliseconds, with the fit's quality."""
+    """T_fwd = a * N_ctx + b * N_batched + c (+ d * N_req) in milliseconds, with the fit's quality.
+
+    ``d_ms_per_request`` (default 0) is the per-request term of executors whose passes grow with the
+    requests rather than their tokens (``control.goodput.cost``); a draft model's is folded into its b."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -53,8 +56,9 @@ class CostCoeffs(BaseModel):
     r2: float = 1.0
     mape: float = 0.0
     resid_std_ms: float = 0.0
+    d_ms_per_request: float = 0.0
 
-    @field_validator("a_ms_per_ctx_token", "b_ms_per_batched_token", "c_ms", "mape", "resid_std_ms")
+    @field_validator("a_ms_per_ctx_token", "b_ms_per_batched_token", "c_ms", "mape", "resid_std_ms", "d_ms_per_request")
     @classmethod
     def _nonneg(cls, v: float, info) -> float:
         return _finite_nonneg(v, info.field_name)
@@ -68,12 +72,12 @@ class CostCoeffs(BaseModel):
 
     def to_cost(self) -> LinearCost:
         return LinearCost(self.a_ms_per_ctx_token, self.b_ms_per_batched_token, self.c_ms, self.r2, self.mape,
-                          self.resid_std_ms)
+                          self.resid_std_ms, self.d_ms_per_request)
 
     @classmethod
     def from_cost(cls, c: LinearCost) -> CostCoeffs:
         return cls(a_ms_per_ctx_token=c.a, b_ms_per_batched_token=c.b, c_ms=c.c, r2=c.r2, mape=c.mape,
-                   resid_std_ms=c.resid_std_ms)
+                   resid_std_ms=c.resid_std_ms, d_ms_per_request=c.d)
 
 
 class DrafterEntry(BaseModel):
@@ -160,7 +164,8 @@ class Profile(BaseModel):
         return [d.name for d in self.drafters]
 
     def drafter_cost(self, entry: DrafterEntry) -> DrafterCost:
-        model = self.models[entry.model].to_cost() if entry.model else None
+        # draft passes carry one token per request: a per-request term is a per-token one there
+        model = self.models[entry.model].to_cost().per_token_draft() if entry.model else None
         return DrafterCost(entry.name, entry.kind, model, entry.cost_ms, entry.sink, entry.window)
 
     def step_cost(self, drafters: list[str] | None = None) -> StepCostModel:

@@ -13,7 +13,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "profile", help="time the models' forward passes and fit the cost model (writes profiles/<sku>/<pair>.yaml)",
         description="Sweep batch size x context length x k, time draft and verify passes separately (warm-up, "
-                    "repeats, medians), fit T = a*N_ctx + b*N_batched + c per model, and write the profile "
+                    "repeats, medians), fit T = a*N_ctx + b*N_batched + c per model (plus d*N_req for the "
+                    "target where its passes grow per request), and write the profile "
                     "(specctl.profile/v1, source: measured) with a PNG of measured vs predicted.")
     p.add_argument("--executor", default="reference", choices=["reference", "trtllm"],
                    help="what to profile (default reference: the PyTorch engine)")
@@ -108,12 +109,12 @@ def _summary(res, out, no_plot: bool) -> None:
 
     c = Console()
     p = res.profile
-    t = Table(title=f"{p.sku}/{p.pair}: T_fwd = a*N_ctx + b*N_batched + c  ({len(res.points)} points)")
-    for col in ("model", "params", "a ms/ctx tok", "b ms/tok", "c ms", "R^2", "MAPE %"):
+    t = Table(title=f"{p.sku}/{p.pair}: T_fwd = a*N_ctx + b*N_batched + c (+ d*N_req)  ({len(res.points)} points)")
+    for col in ("model", "params", "a ms/ctx tok", "b ms/tok", "c ms", "d ms/req", "R^2", "MAPE %"):
         t.add_column(col, justify="left" if col == "model" else "right")
     for k, m in p.models.items():
         t.add_row(k, f"{res.params.get(k, 0):,}", f"{m.a_ms_per_ctx_token:.3e}", f"{m.b_ms_per_batched_token:.4f}",
-                  f"{m.c_ms:.3f}", f"{m.r2:.4f}", f"{m.mape:.1f}")
+                  f"{m.c_ms:.3f}", f"{m.d_ms_per_request:.3f}", f"{m.r2:.4f}", f"{m.mape:.1f}")
     c.print(t)
     ng = p.drafter("ngram")
     c.print(f"ngram lookup: {ng.cost_ms:.4f} ms per proposal")

@@ -1,7 +1,14 @@
-"""Forward-pass cost model T_fwd = a * N_ctx + b * N_batched + c (TurboSpec eq. 3, SmartSpec eq. 7).
+"""Forward-pass cost model T_fwd = a * N_ctx + b * N_batched + c (TurboSpec eq. 3, SmartSpec eq. 7),
+plus an optional d * N_req.
 
 N_ctx is the number of KV tokens read in the pass (sum of the context lengths), N_batched the
-number of tokens computed in the pass. Times are in milliseconds. ``fit_linear_cost`` fits (a, b, c)
+number of tokens computed in the pass, N_req the number of requests in it. Times are in
+milliseconds. The per-request term is for executors whose pass time grows with the requests rather
+than their tokens: the reference executor on a GPU runs attention and the cache writes once per
+request per layer from Python, and there a pass of the 8B target costs about 5 ms per request
+whether it verifies 1 token or 8 (``docs/gpu.md``). Fitted for targets only, where verification
+varies the tokens per request; for a draft pass (one token per request) d and b cannot be told
+apart, and d is folded into b. ``fit_linear_cost`` fits (a, b, c)
 by non-negative least squares; ``RecursiveCost`` refits online with exponential forgetting so a
 drifting system (thermal throttling, a new context mix) does not leave the model stale.
 
@@ -29,23 +36,38 @@ class LinearCost:
     r2: float = 1.0
     mape: float = 0.0
     resid_std_ms: float = 0.0
+    d: float = 0.0  # ms per request in the pass
 
     def __post_init__(self) -> None:
-        for name in ("a", "b", "c", "resid_std_ms"):
+        for name in ("a", "b", "c", "resid_std_ms", "d"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"cost coefficient {name} = {v!r}: must be a finite number >= 0")
 
-    def predict(self, n_ctx, n_batched, passes=1):
-        """Vectorised: time in ms of ``passes`` passes reading ``n_ctx`` and computing ``n_batched`` tokens."""
-        return self.a * n_ctx + self.b * n_batched + self.c * passes
+    def predict(self, n_ctx, n_batched, passes=1, requests=None):
+        """Vectorised: time in ms of ``passes`` passes reading ``n_ctx`` and computing ``n_batched`` tokens
+        for ``requests`` requests (summed over the passes; needed only when d > 0)."""
+        t = self.a * n_ctx + self.b * n_batched + self.c * passes
+        if self.d:
+            if requests is None:
+                raise ValueError("this cost model has a per-request term (d > 0): predict() needs requests=")
+            t = t + self.d * requests
+        return t
 
     def scaled(self, factor: float) -> LinearCost:
-        return LinearCost(self.a * factor, self.b * factor, self.c * factor, self.r2, self.mape, self.resid_std_ms * factor)
+        return LinearCost(self.a * factor, self.b * factor, self.c * factor, self.r2, self.mape, self.resid_std_ms * factor,
+                          self.d * factor)
+
+    def per_token_draft(self) -> LinearCost:
+        """This model for one-token passes (a draft model's): d folded into b."""
+        if not self.d:
+            return self
+        return LinearCost(self.a, self.b + self.d, self.c, self.r2, self.mape, self.resid_std_ms)
 
 
-def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None) -> LinearCost:
-    """Fit (a, b, c) >= 0 by non-negative least squares; report R^2, MAPE and residual std.
+def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None, requests=None) -> LinearCost:
+    """Fit (a, b, c) >= 0, and d >= 0 when ``requests`` is given, by non-negative least squares;
+    report R^2, MAPE and residual std.
 
     Columns are scaled before the solve so coefficients that differ by orders of magnitude (a is
     often 1e-6 ms per token, c several ms) are recovered equally well.
@@ -58,13 +80,20 @@ def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None) -> LinearCost:
         raise ConfigError(
             f"fit_linear_cost: arrays differ in length (n_ctx {n_ctx.size}, n_batched {n_batched.size}, t_ms {t.size})"
         )
-    if t.size < 3:
-        raise ConfigError(f"fit_linear_cost: {t.size} timing point(s); need at least 3 to fit a, b and c")
+    cols = [n_ctx, n_batched, p]
+    if requests is not None:
+        r = np.asarray(requests, dtype=np.float64).ravel()
+        if r.shape != t.shape:
+            raise ConfigError(f"fit_linear_cost: requests has {r.size} entries, t_ms {t.size}")
+        cols.append(r)
+    if t.size < len(cols):
+        raise ConfigError(f"fit_linear_cost: {t.size} timing point(s); need at least {len(cols)} to fit "
+                          + ("a, b and c" if len(cols) == 3 else "a, b, c and d"))
     if not (np.all(np.isfinite(t)) and np.all(t >= 0)):
         raise ConfigError("fit_linear_cost: timings must be finite and >= 0 ms")
     from scipy.optimize import nnls
 
-    X = np.stack([n_ctx, n_batched, p], axis=1)
+    X = np.stack(cols, axis=1)
     scale = np.abs(X).max(axis=0)
     scale[scale == 0] = 1.0
     coef_scaled, _ = nnls(X / scale, t)
@@ -76,7 +105,7 @@ def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None) -> LinearCost:
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
     nz = t > 0
     mape = float(np.mean(np.abs(resid[nz]) / t[nz]) * 100.0) if nz.any() else 0.0
-    dof = max(t.size - 3, 1)
+    dof = max(t.size - len(cols), 1)
     return LinearCost(
         a=float(coef[0]),
         b=float(coef[1]),
@@ -84,7 +113,23 @@ def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None) -> LinearCost:
         r2=float(r2),
         mape=mape,
         resid_std_ms=float(math.sqrt(ss_res / dof)),
+        d=float(coef[3]) if len(cols) == 4 else 0.0,
     )
+
+
+def fit_target_cost(n_ctx, n_batched, t_ms, requests, keep: float = 0.5) -> LinearCost:
+    """A target's cost: the three-term fit, or the fit with the per-request term d when that leaves at
+    most ``keep`` of the three-term fit's squared error. Noise alone always lowers the error a little
+    with a fourth column; where the pass time does not grow per request (the CPU pair on a CPU: d came
+    out at 0.013 ms, against b = 0.58 ms per token, at the same R^2) the three-term model stays."""
+    three = fit_linear_cost(n_ctx, n_batched, t_ms)
+    t = np.asarray(t_ms, dtype=np.float64).ravel()
+    if t.size < 5:
+        return three
+    four = fit_linear_cost(n_ctx, n_batched, t_ms, requests=requests)
+    sse3 = three.resid_std_ms ** 2 * max(t.size - 3, 1)
+    sse4 = four.resid_std_ms ** 2 * max(t.size - 4, 1)
+    return four if four.d > 0 and sse4 <= keep * sse3 else three
 
 
 class RecursiveCost:
@@ -94,7 +139,8 @@ class RecursiveCost:
     observations. Features are normalised by fixed scales taken from the prior so the update is
     well conditioned. Reported coefficients are clipped at zero (a negative cost is never used).
     The 3x3 update runs on plain floats: it sits on the per-step path, where numpy's per-call
-    overhead would dominate.
+    overhead would dominate. A prior with a per-request term keeps it fixed: the refit explains what
+    remains of each observation after d * requests.
     """
 
     def __init__(self, prior: LinearCost, *, forgetting: float = 0.995, prior_weight: float = 10.0,
@@ -114,9 +160,12 @@ class RecursiveCost:
         self._prior_theta = tuple(self.theta)
         self._prior_sq_err = 0.0  # the prior model's one-step error on the same observations (same weights)
 
-    def update(self, n_ctx: float, n_batched: float, t_ms: float, passes: float = 1.0) -> float:
+    def update(self, n_ctx: float, n_batched: float, t_ms: float, passes: float = 1.0, requests: float = 0.0) -> float:
         """Add one observation; returns the prediction error (measured - predicted) before the update."""
         x = (n_ctx / self._scale[0], n_batched / self._scale[1], float(passes))
+        measured = float(t_ms)
+        if self._prior.d:
+            t_ms = measured - self._prior.d * requests
         th, P, lam = self.theta, self.P, self.lam
         err = float(t_ms) - (x[0] * th[0] + x[1] * th[1] + x[2] * th[2])
         p0 = self._prior_theta
@@ -139,18 +188,19 @@ class RecursiveCost:
         w = lam
         self._sq_err = w * self._sq_err + (1 - w) * err * err if self.n > 1 else err * err
         self._prior_sq_err = w * self._prior_sq_err + (1 - w) * err0 * err0 if self.n > 1 else err0 * err0
-        if t_ms > 0:
-            pct = abs(err) / t_ms * 100.0
+        if measured > 0:
+            pct = abs(err) / measured * 100.0
             self._abs_pct = w * self._abs_pct + (1 - w) * pct if self.n > 1 else pct
         return err
 
-    def update_many(self, n_ctx, n_batched, t_ms, passes=None) -> None:
+    def update_many(self, n_ctx, n_batched, t_ms, passes=None, requests=None) -> None:
         n_ctx = np.asarray(n_ctx, dtype=np.float64).ravel()
         n_batched = np.asarray(n_batched, dtype=np.float64).ravel()
         t = np.asarray(t_ms, dtype=np.float64).ravel()
         p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
+        r = np.zeros_like(t) if requests is None else np.asarray(requests, dtype=np.float64).ravel()
         for i in range(t.size):
-            self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]))
+            self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]), float(r[i]))
 
     def improves_on_prior(self, min_obs: int = 32, margin: float = 0.8) -> bool:
         """Whether the online fit has predicted the recent observations clearly better than the prior.
@@ -170,4 +220,5 @@ class RecursiveCost:
             a=float(a), b=float(b), c=float(c),
             r2=self._prior.r2, mape=float(self._abs_pct) if self.n else self._prior.mape,
             resid_std_ms=float(math.sqrt(self._sq_err)) if self.n else self._prior.resid_std_ms,
+            d=self._prior.d,
         )

@@ -5,7 +5,7 @@ T_step = T_draft + T_verify + overhead, where (DESIGN.md section 4):
   requests still drafting: T_fwd_d(sum of their contexts + s - 1, their count);
 - n-gram prompt lookup: a small constant, independent of k;
 - sink+window self-speculation (MagicDec): the draft's context per request is min(ctx, sink + window);
-- verify: T_fwd_target(sum ctx, sum (k_i + 1)).
+- verify: T_fwd_target(sum ctx, sum (k_i + 1), n requests).
 A request whose draft state lags the target by L tokens re-prefills them in its first draft pass
 (catch-up), which adds L batched tokens to that pass.
 
@@ -134,7 +134,7 @@ class StepCostModel:
         raise ConfigError(f"unknown drafter '{name}'; this profile has: {', '.join(d.name for d in self.drafters)}")
 
     def verify_ms(self, ctx: np.ndarray, k: np.ndarray) -> float:
-        return float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + k.shape[0])))
+        return float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + k.shape[0]), 1, k.shape[0]))
 
     def step_ms(self, ctx, k, drafter=None, lag=None) -> float:
         """Predicted step time in ms. ``drafter``: per-request drafter index (default all 0)."""
@@ -155,7 +155,8 @@ class StepCostModel:
     def plain_ms(self, ctx) -> float:
         """Time of a non-speculative decode step (k = 0 for everyone)."""
         ctx = np.asarray(ctx, dtype=np.float64)
-        return float(self.target.predict(float(ctx.sum()), float(ctx.shape[0]))) + self.overhead_ms
+        n = ctx.shape[0]
+        return float(self.target.predict(float(ctx.sum()), float(n), 1, n)) + self.overhead_ms
 
     def step_std_ms(self) -> float:
         """Residual std of a step's predicted time, from the fits' residuals (for quantile SLOs)."""
@@ -174,7 +175,7 @@ def uniform_step_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):
     B = np.asarray(batch, dtype=np.float64)
     S = np.asarray(ctx, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
-    t = cost.target.predict(B * S, B * (k + 1.0)) + cost.overhead_ms
+    t = cost.target.predict(B * S, B * (k + 1.0), 1, B) + cost.overhead_ms
     if not cost.drafters:
         return t
     d = cost.drafters[drafter]

@@ -409,7 +409,7 @@ class AdaptivePolicy(BasePolicy):
         t = self.cost.target
         ctx = view.ctx_lens
         if t.a > 0.0 and ctx.min() != ctx.max():
-            w = w * (t.a * ctx + (t.b + (t.c + self.cost.overhead_ms) / n))
+            w = w * (t.a * ctx + (t.b + t.d + (t.c + self.cost.overhead_ms) / n))
         if w.max() - w.min() <= 1e-12 * w.max():
             return None
         return w * (n / float(w.sum()))
@@ -522,7 +522,8 @@ class AdaptivePolicy(BasePolicy):
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
             self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
-                                   float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms)
+                                   float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms,
+                                   1.0, float(outcome.n))
         used = np.unique(d_ctx[spec]) if spec.any() else np.zeros(0, dtype=I64)
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]

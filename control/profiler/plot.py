@@ -34,7 +34,7 @@ def plot_fit(points: list[Point], profile: Profile, path: str | Path) -> Path:
         pts = [p for p in points if p.model == key]
         c = profile.models[key].to_cost()
         meas = np.array([p.ms for p in pts])
-        pred = np.array([c.predict(p.n_ctx, p.n_batched) for p in pts])
+        pred = np.array([c.predict(p.n_ctx, p.n_batched, 1, p.batch) for p in pts])
         batch = np.array([p.batch for p in pts])
         cmap = plt.get_cmap("viridis")
         uniq = sorted(set(batch.tolist()))
@@ -49,7 +49,8 @@ def plot_fit(points: list[Point], profile: Profile, path: str | Path) -> Path:
             axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("predicted ms")
         ax.set_ylabel("measured ms (median)")
-        ax.set_title(f"{key}\na={c.a:.2e} b={c.b:.3g} c={c.c:.3g} ms\nR²={c.r2:.3f}  MAPE={c.mape:.1f}%", fontsize=9)
+        d = f" d={c.d:.3g}" if c.d else ""
+        ax.set_title(f"{key}\na={c.a:.2e} b={c.b:.3g} c={c.c:.3g}{d} ms\nR²={c.r2:.3f}  MAPE={c.mape:.1f}%", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     env = profile.environment
     fig.suptitle(f"{profile.sku}/{profile.pair}: T = a·N_ctx + b·N_batched + c  "

@@ -22,7 +22,7 @@ import torch
 
 from control.buildsys.catalog import SKUS
 from control.buildsys.cpu.progress import Reporter, SilentReporter
-from control.goodput.cost import fit_linear_cost
+from control.goodput.cost import fit_linear_cost, fit_target_cost
 from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, parse_profile
 from control.profiler.grid import CALIBRATE_GRID, CPU_GRID, GPU_GRID, Grid
 from control.profiler.models import ProfiledModel, default_dtype, engine_models, resolve_device, shape_models
@@ -86,7 +86,13 @@ def sweep_and_fit(models: list[ProfiledModel], grid: Grid, reporter: Reporter):
 
             raise ConfigError(f"model '{m.key}': only {len(pts)} grid point(s) fit its positions/KV budget; "
                               "widen --batch/--ctx or raise --kv-budget-gb")
-        fit = fit_linear_cost([p.n_ctx for p in pts], [p.n_batched for p in pts], [p.ms for p in pts])
+        # a target's passes vary the tokens per request (k + 1), so a per-request term can be told
+        # apart from a per-token one; a draft's (one token per request) cannot
+        args = ([p.n_ctx for p in pts], [p.n_batched for p in pts], [p.ms for p in pts])
+        if m.role == "target" and len({p.tokens for p in pts}) > 1:
+            fit = fit_target_cost(*args, requests=[p.batch for p in pts])
+        else:
+            fit = fit_linear_cost(*args)
         coeffs[m.key] = CostCoeffs.from_cost(fit)
         points += pts
     return coeffs, points

@@ -184,7 +184,8 @@ def render(state: ControlState, explained: dict, *, refresh_s: int = 5, window_s
         ("acceptance", html.escape(", ".join(f"{d} {v['pooled']:.3f} ({v['trials']:.0f} trials)"
                                             for d, v in st["acceptance"].items()))),
         ("cost model", html.escape("; ".join(
-            f"{k}: a={v['a_ms_per_ctx_token']:.3g} b={v['b_ms_per_batched_token']:.3g} c={v['c_ms']:.3g} ms"
+            f"{k}: a={v['a_ms_per_ctx_token']:.3g} b={v['b_ms_per_batched_token']:.3g} c={v['c_ms']:.3g}"
+            + (f" d={v['d_ms_per_request']:.3g}" if v.get("d_ms_per_request") else "") + " ms"
             for k, v in st["cost_model"].items()))),
         ("telemetry", f"{st['telemetry']['windows']} windows, {st['telemetry']['steps']} steps from "
                       f"{st['telemetry']['agents']} agent(s); dropped {st['telemetry']['dropped_windows']}"),

@@ -158,6 +158,7 @@ class CostRefit:
         t = self.coeffs["target"]
         pred = (t.a_ms_per_ctx_token * np.asarray(s.ctx_tokens, dtype=np.float64)
                 + t.b_ms_per_batched_token * np.asarray(s.verify_tokens, dtype=np.float64)
+                + t.d_ms_per_request * np.asarray(s.batch, dtype=np.float64)
                 + t.c_ms + self.base.overhead_ms)
         ok = np.ones(s.n, dtype=bool)
         drafted = np.asarray(s.drafted) > 0
@@ -194,6 +195,8 @@ class CostRefit:
         vms = np.asarray(s.verify_ms, dtype=np.float64)
         sel = vms > 0
         if sel.any():
+            # the refit explains what the profile's per-request term (if any) leaves; it keeps that term
+            vms = vms - self.base.models["target"].d_ms_per_request * np.asarray(s.batch, dtype=np.float64)
             rows = np.stack([np.asarray(s.ctx_tokens, dtype=np.float64), np.asarray(s.verify_tokens, dtype=np.float64),
                              np.ones(s.n), vms], axis=1)[sel]
             self.windows["target"].add(rows)
@@ -235,7 +238,8 @@ class CostRefit:
             nz = y > 0
             mape = float(np.mean(np.abs(resid[nz]) / y[nz]) * 100.0) if nz.any() else 0.0
             cost = LinearCost(float(coef[0]), float(coef[1]), float(coef[2]), min(float(r2), 1.0), mape,
-                              math.sqrt(ss_res / max(y.size - 3, 1)))
+                              math.sqrt(ss_res / max(y.size - 3, 1)),
+                              base.d_ms_per_request if key == "target" else 0.0)  # a draft's refit b absorbs its d
             self.coeffs[key] = CostCoeffs.from_cost(cost)
             self.refitted.add(key)
         return self.coeffs

@@ -109,12 +109,13 @@ class StateCollector(Collector):
             yield GaugeMetricFamily("specctl_batch_size_last", "Latest window: mean decode batch size", value=last.mean_batch)
             yield GaugeMetricFamily("specctl_draft_length_last", "Latest window: mean k per request", value=last.mean_k)
 
-        coef = GaugeMetricFamily("specctl_cost_coefficient", "Cost model in force: T = a*N_ctx + b*N_batched + c (ms)",
+        coef = GaugeMetricFamily("specctl_cost_coefficient", "Cost model in force: T = a*N_ctx + b*N_batched + c + d*N_req (ms)",
                                  labels=["model", "coef"])
         for key, cc in p.profile.models.items():
             coef.add_metric([key, "a"], cc.a_ms_per_ctx_token)
             coef.add_metric([key, "b"], cc.b_ms_per_batched_token)
             coef.add_metric([key, "c"], cc.c_ms)
+            coef.add_metric([key, "d"], cc.d_ms_per_request)
         yield coef
 
         # Telemetry health.

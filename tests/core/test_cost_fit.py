@@ -116,3 +116,79 @@ def test_step_cost_composition_per_drafter_kind():
     one = StepCostModel(target, (dm,))
     for B, S, kk in ((1, 100, 0), (8, 2000, 3), (64, 500, 7)):
         assert float(uniform_step_ms(one, B, S, kk)) == pytest.approx(one.step_ms(np.full(B, S), np.full(B, kk)))
+
+
+def _host_bound_points(rng, d=4.9, c=16.0, b=0.0, noise=0.03):
+    """Passes whose time grows per request, not per token (the reference executor on a GPU)."""
+    batch = np.repeat([1, 2, 4, 8, 16, 32, 64], 20)
+    per_req = rng.integers(1, 9, batch.size)  # k + 1 verified tokens
+    ctx = batch * rng.integers(128, 8192, batch.size)
+    t = (d * batch + b * batch * per_req + c) * (1 + noise * rng.standard_normal(batch.size))
+    return ctx, batch * per_req, batch, t
+
+
+def test_the_per_request_term_is_fitted_where_passes_grow_per_request_and_only_there():
+    from control.goodput.cost import fit_target_cost
+
+    rng = np.random.default_rng(0)
+    ctx, tok, req, t = _host_bound_points(rng)
+    three = fit_linear_cost(ctx, tok, t)
+    four = fit_target_cost(ctx, tok, t, req)
+    assert four.d == pytest.approx(4.9, rel=0.1) and four.b < 0.1
+    assert four.r2 > 0.95 > three.r2 + 0.05
+    # where time grows per token, a fourth column only chases noise: the three-term model stays
+    batch = rng.integers(1, 64, 200)
+    tok2 = batch * rng.integers(1, 9, 200)
+    t2 = (0.5 * tok2 + 17.0) * (1 + 0.03 * rng.standard_normal(200))
+    plain = fit_target_cost(batch * 300, tok2, t2, batch)
+    assert plain.d == 0.0 and plain.b == pytest.approx(0.5, rel=0.1)
+
+
+def test_a_per_request_term_enters_every_prediction_of_a_step():
+    from control.goodput.optimizer import Constraints, admit_parametric
+
+    target = LinearCost(a=1e-5, b=0.01, c=4.0, d=0.7)
+    with pytest.raises(ValueError, match="requests="):
+        target.predict(1000.0, 10.0)  # a call site that forgot the requests would drop d silently
+    draft = DrafterCost("tiny", DrafterKind.draft_model, LinearCost(a=0.0, b=0.14, c=1.7))
+    cost = StepCostModel(target, (draft,), overhead_ms=0.5)
+    ctx = np.full(32, 600.0)
+    assert cost.plain_ms(ctx) == pytest.approx(1e-5 * 32 * 600 + 0.01 * 32 + 4.0 + 0.7 * 32 + 0.5)
+    k = np.full(32, 3)
+    assert cost.verify_ms(ctx, k) == pytest.approx(1e-5 * 32 * 600 + 0.01 * 128 + 4.0 + 0.7 * 32)
+    assert uniform_step_ms(cost, 32, 600.0, 0.0) == pytest.approx(cost.plain_ms(ctx))
+    surv = np.tile(0.7 ** np.arange(1, 7), (32, 1))
+    choice = admit_parametric(cost, ctx, surv, np.full(32, 6), Constraints(10**6, 10**6))
+    assert choice.plain_ms == pytest.approx(cost.plain_ms(ctx))  # the optimiser's shortcut agrees
+    assert choice.step_ms == pytest.approx(cost.step_ms(ctx, choice.k))
+    # The same passes priced per token instead (what a three-term fit makes of them) make
+    # speculation look dear: verifying k tokens is nearly free when the pass costs per request.
+    misfit = StepCostModel(LinearCost(a=1e-5, b=0.7, c=4.0), (draft,), overhead_ms=0.5)
+    wrong = admit_parametric(misfit, ctx, surv, np.full(32, 6), Constraints(10**6, 10**6))
+    assert choice.k.mean() > wrong.k.mean()
+
+
+def test_the_online_fit_keeps_the_prior_per_request_term_and_learns_the_rest():
+    rng = np.random.default_rng(1)
+    prior = LinearCost(a=0.0, b=0.0, c=16.0, d=4.9)
+    rls = RecursiveCost(prior)
+    for _ in range(300):  # the machine drifted: its fixed cost per pass is 24 ms now, not 16
+        B = int(rng.integers(1, 64))
+        tok = B * int(rng.integers(1, 9))
+        rls.update(B * 1000.0, tok, 24.0 + 4.9 * B, 1.0, B)
+    fit = rls.cost
+    assert fit.d == 4.9 and fit.c == pytest.approx(24.0, abs=1.0)
+    assert fit.predict(32000.0, 96.0, 1, 32) == pytest.approx(24.0 + 4.9 * 32, rel=0.03)
+    assert rls.improves_on_prior()
+
+
+def test_profile_carries_the_per_request_term_and_folds_a_drafts_into_b():
+    from control.profile import CostCoeffs
+
+    cc = CostCoeffs(a_ms_per_ctx_token=0.0, b_ms_per_batched_token=0.1, c_ms=2.0, d_ms_per_request=0.5)
+    assert cc.to_cost().d == 0.5 and CostCoeffs.from_cost(cc.to_cost()) == cc
+    assert CostCoeffs(a_ms_per_ctx_token=0.0, b_ms_per_batched_token=0.1, c_ms=2.0).d_ms_per_request == 0.0
+    with pytest.raises(ValueError, match="d_ms_per_request"):
+        CostCoeffs(a_ms_per_ctx_token=0.0, b_ms_per_batched_token=0.1, c_ms=2.0, d_ms_per_request=-1.0)
+    folded = cc.to_cost().per_token_draft()
+    assert folded.d == 0.0 and folded.b == pytest.approx(0.6)

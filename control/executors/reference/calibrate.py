@@ -20,7 +20,7 @@ from control.errors import ConfigError
 from control.executors.reference.drafters import lookup
 from control.executors.reference.loader import LoadedEngine
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
-from control.goodput.cost import fit_linear_cost
+from control.goodput.cost import fit_linear_cost, fit_target_cost
 from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, load_profile, parse_profile
 
 # (batch, context, new tokens per request): decode, verify-sized and wider passes.
@@ -59,7 +59,7 @@ def _time_model(model: LlamaForCausalLM, repeats: int) -> tuple[list, list, list
     max_len = max(c + t for _, c, t in GRID)
     cache = KVCache(model.config, max_b, max_len, device, model.lm_head.weight.dtype)
     gen = torch.Generator().manual_seed(0)
-    n_ctx, n_tok, t_ms = [], [], []
+    n_ctx, n_tok, n_req, t_ms = [], [], [], []
     for b, c, t in GRID:
         ids = torch.randint(0, model.config.vocab_size, (b * t,), generator=gen).to(device)
         segs = [Segment(i, c, t) for i in range(b)]
@@ -73,8 +73,9 @@ def _time_model(model: LlamaForCausalLM, repeats: int) -> tuple[list, list, list
             best = min(best, time.perf_counter() - t0)
         n_ctx.append(b * (c + t))
         n_tok.append(b * t)
+        n_req.append(b)
         t_ms.append(best * 1e3)
-    return n_ctx, n_tok, t_ms
+    return n_ctx, n_tok, n_req, t_ms
 
 
 def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -> Profile:
@@ -82,8 +83,9 @@ def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -
     models, grid = {}, {}
     for name, model in [("target", loaded.target)] + [(n, m) for n, m in loaded.drafters.items()
                                                        if isinstance(m, LlamaForCausalLM)]:
-        n_ctx, n_tok, t_ms = _time_model(model, repeats)
-        fit = fit_linear_cost(n_ctx, n_tok, t_ms)
+        n_ctx, n_tok, n_req, t_ms = _time_model(model, repeats)
+        # the target's passes vary tokens per request, so its per-request cost can be fitted (cost.py)
+        fit = fit_target_cost(n_ctx, n_tok, t_ms, n_req) if name == "target" else fit_linear_cost(n_ctx, n_tok, t_ms)
         models[name] = CostCoeffs.from_cost(fit).model_dump()
         grid[name] = {"n_ctx": n_ctx, "n_batched": n_tok, "t_ms": [round(x, 4) for x in t_ms]}
     ctx = np.random.default_rng(0).integers(0, loaded.target.config.vocab_size, 512)

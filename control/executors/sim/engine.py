@@ -230,7 +230,7 @@ class SimEngine:
                 take = max(take, 1)
                 chosen, clen = pending[:take], lens[:take]
                 tok = int(clen.sum())
-                t = self._noisy(tgt.predict(0.0, tok) + cost.overhead_ms, self._sigma_t)
+                t = self._noisy(tgt.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
                 t += self._draft_prefill_ms(0.0, tok, prefill_draft)
                 now += t / 1000.0
                 res.busy_s += t / 1000.0
@@ -356,7 +356,8 @@ class SimEngine:
                         chunk_len[-1] -= over
                     chunk_prior = int(s_pref[chunk_slots].sum())
             ch_tok = int(chunk_len.sum())
-            t_verify = tgt.predict(float(ctx.sum()) + chunk_prior, float(n + vsum + ch_tok)) + cost.overhead_ms
+            t_verify = tgt.predict(float(ctx.sum()) + chunk_prior, float(n + vsum + ch_tok), 1,
+                                   n + chunk_slots.size) + cost.overhead_ms
             t_verify = self._noisy(t_verify, self._sigma_t)
             t_pref_draft = self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft) if ch_tok else 0.0
             t_total = t_draft + t_verify + t_pref_draft
@@ -487,7 +488,7 @@ class SimEngine:
         horizon = int(rem.min())
         s_idx = np.arange(horizon, dtype=np.float64)
         c0 = float(ctx.sum())
-        t_ms = tgt.a * (c0 + s_idx * n) + tgt.b * n + tgt.c + self.cost.overhead_ms
+        t_ms = tgt.a * (c0 + s_idx * n) + (tgt.b + tgt.d) * n + tgt.c + self.cost.overhead_ms
         ends = now + np.cumsum(t_ms) / 1000.0
         j = horizon
         if nxt < self.arr.shape[0] and self.arr[nxt] > now:
