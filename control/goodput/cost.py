@@ -5,7 +5,7 @@ N_ctx is the number of KV tokens read in the pass (sum of the context lengths), 
 number of tokens computed in the pass, N_req the number of requests in it. Times are in
 milliseconds. The per-request term is for executors whose pass time grows with the requests rather
 than their tokens: the reference executor on a GPU runs attention and the cache writes once per
-request per layer from Python, and there a pass of the 8B target costs about 5 ms per request
+request per layer from Python, and there a pass of the 8B target costs 5-6 ms per request
 whether it verifies 1 token or 8 (``docs/gpu.md``). Fitted for targets only, where verification
 varies the tokens per request; for a draft pass (one token per request) d and b cannot be told
 apart, and d is folded into b. ``fit_linear_cost`` fits (a, b, c)
