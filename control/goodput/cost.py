@@ -120,7 +120,7 @@ def fit_linear_cost(n_ctx, n_batched, t_ms, passes=None, requests=None) -> Linea
 def fit_target_cost(n_ctx, n_batched, t_ms, requests, keep: float = 0.5) -> LinearCost:
     """A target's cost: the three-term fit, or the fit with the per-request term d when that leaves at
     most ``keep`` of the three-term fit's squared error. Noise alone always lowers the error a little
-    with a fourth column; where the pass time does not grow per request (the CPU pair on a CPU: d came
+    with a fourth column; where the pass time does not grow per request (the full CPU pair on a CPU: d came
     out at 0.013 ms, against b = 0.58 ms per token, at the same R^2) the three-term model stays."""
     three = fit_linear_cost(n_ctx, n_batched, t_ms)
     t = np.asarray(t_ms, dtype=np.float64).ravel()
