@@ -160,11 +160,15 @@ class RecursiveCost:
         self._prior_theta = tuple(self.theta)
         self._prior_sq_err = 0.0  # the prior model's one-step error on the same observations (same weights)
 
-    def update(self, n_ctx: float, n_batched: float, t_ms: float, passes: float = 1.0, requests: float = 0.0) -> float:
-        """Add one observation; returns the prediction error (measured - predicted) before the update."""
+    def update(self, n_ctx: float, n_batched: float, t_ms: float, passes: float = 1.0,
+               requests: float | None = None) -> float:
+        """Add one observation; returns the prediction error (measured - predicted) before the update.
+        ``requests`` (the requests in the pass) is needed only when the prior has a per-request term."""
         x = (n_ctx / self._scale[0], n_batched / self._scale[1], float(passes))
         measured = float(t_ms)
         if self._prior.d:
+            if requests is None:
+                raise ValueError("this cost model has a per-request term (d > 0): update() needs requests=")
             t_ms = measured - self._prior.d * requests
         th, P, lam = self.theta, self.P, self.lam
         err = float(t_ms) - (x[0] * th[0] + x[1] * th[1] + x[2] * th[2])
@@ -198,9 +202,9 @@ class RecursiveCost:
         n_batched = np.asarray(n_batched, dtype=np.float64).ravel()
         t = np.asarray(t_ms, dtype=np.float64).ravel()
         p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
-        r = np.zeros_like(t) if requests is None else np.asarray(requests, dtype=np.float64).ravel()
+        r = None if requests is None else np.asarray(requests, dtype=np.float64).ravel()
         for i in range(t.size):
-            self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]), float(r[i]))
+            self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]), None if r is None else float(r[i]))
 
     def improves_on_prior(self, min_obs: int = 32, margin: float = 0.8) -> bool:
         """Whether the online fit has predicted the recent observations clearly better than the prior.

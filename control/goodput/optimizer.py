@@ -245,7 +245,7 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     cap = np.asarray(cap, dtype=np.int64)
     n, K = surv.shape
     t_plain = cost.target
-    plain = t_plain.a * float(ctx.sum()) + (t_plain.b + t_plain.d) * n + t_plain.c + cost.overhead_ms
+    plain = cost.plain_ms(ctx)
     zero = np.zeros(n, dtype=np.int64)
     if n == 0 or K == 0 or cap.max(initial=0) <= 0:
         return Choice(zero, float(n), plain, plain)

@@ -172,6 +172,8 @@ def test_the_online_fit_keeps_the_prior_per_request_term_and_learns_the_rest():
     rng = np.random.default_rng(1)
     prior = LinearCost(a=0.0, b=0.0, c=16.0, d=4.9)
     rls = RecursiveCost(prior)
+    with pytest.raises(ValueError, match="requests="):
+        rls.update(1000.0, 8.0, 40.0)  # without the request count d could not be taken out
     for _ in range(300):  # the machine drifted: its fixed cost per pass is 24 ms now, not 16
         B = int(rng.integers(1, 64))
         tok = B * int(rng.integers(1, 9))
