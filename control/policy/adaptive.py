@@ -15,10 +15,13 @@ Per step:
 5. Where the drafter reports confidences, a marginal-cost cut stops each request's drafting early
    (in survival, mapped to the drafter's raw running confidence by its measured calibration).
 After the step, ``observe`` updates the estimators, refits the cost model online (recursive least
-squares with forgetting) and feeds the bandit.
+squares with forgetting), adds the loop's own time per step and per request-step outside the forward
+passes (``LoopOverhead``), and feeds the bandit.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,6 +35,7 @@ from control.goodput.estimators import (
     request_position_survival,
 )
 from control.goodput.optimizer import Choice, Constraints, admit_parametric, slo_ok
+from control.goodput.overhead import LoopOverhead
 from control.goodput.stepcost import DrafterCost, StepCostModel, uniform_step_ms
 from control.plan import threshold_batch, typical_ctx
 from control.policy.bandit import DrafterBandit
@@ -69,6 +73,7 @@ class AdaptivePolicy(BasePolicy):
         self.cat = CategoryRates(8)
         self.rls_target = RecursiveCost(ctx.cost.target)
         self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in ctx.cost.drafters]
+        self.loop = LoopOverhead()
         self.cost = ctx.cost
         self._since_refit = 0
         g = ctx.gate
@@ -519,6 +524,7 @@ class AdaptivePolicy(BasePolicy):
         return (outcome.accepted + 1) / np.maximum(share, 1e-9)
 
     def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
+        self.loop.update(outcome.prev_loop_ms, outcome.prev_loop_requests)
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
             self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
@@ -540,4 +546,8 @@ class AdaptivePolicy(BasePolicy):
                 for i, d in enumerate(self.ctx.cost.drafters)
             )
             target = self.rls_target.cost if self.rls_target.improves_on_prior() else self.ctx.cost.target
-            self.cost = StepCostModel(target, drafters, self.ctx.cost.overhead_ms)
+            # the loop's own time per step and per request-step: what fewer steps also save
+            per_step, per_request = self.loop.fit()
+            if per_request > 0.0:
+                target = replace(target, d=target.d + per_request)
+            self.cost = StepCostModel(target, drafters, self.ctx.cost.overhead_ms + per_step)

@@ -17,6 +17,7 @@ An executor that owns its loop calls, once per iteration::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -169,6 +170,10 @@ class StepOutcome:
     ``finished`` lists request ids that left the batch after this step. With chunked prefill the
     verify pass also computed ``prefill_tokens`` prompt tokens over ``prefill_ctx_tokens`` cached
     ones; they are part of ``verify_ms`` (and of the target's cost-model features for a refit).
+    ``prev_loop_ms``: the previous decode step's time outside its forward passes (its policy calls,
+    the executor's bookkeeping, and whatever the loop did before starting this step, such as
+    delivering outputs), measured only when that step left requests decoding (else NaN);
+    ``prev_loop_requests`` is that step's batch size.
     """
 
     slots: np.ndarray
@@ -191,6 +196,8 @@ class StepOutcome:
     step: int = 0
     prefill_tokens: int = 0
     prefill_ctx_tokens: int = 0
+    prev_loop_ms: float = math.nan
+    prev_loop_requests: int = 0
 
     @property
     def n(self) -> int:

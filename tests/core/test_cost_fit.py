@@ -194,3 +194,37 @@ def test_profile_carries_the_per_request_term_and_folds_a_drafts_into_b():
         CostCoeffs(a_ms_per_ctx_token=0.0, b_ms_per_batched_token=0.1, c_ms=2.0, d_ms_per_request=-1.0)
     folded = cc.to_cost().per_token_draft()
     assert folded.d == 0.0 and folded.b == pytest.approx(0.6)
+
+
+def test_loop_overhead_recovers_per_step_and_per_request_terms():
+    from control.goodput.overhead import LoopOverhead
+
+    rng = np.random.default_rng(3)
+    lo = LoopOverhead()
+    assert lo.fit() == (0.0, 0.0)  # nothing measured: no overhead assumed
+    for _ in range(400):
+        n = int(rng.integers(1, 12))
+        lo.update(1.5 + 0.5 * n + 0.05 * rng.standard_normal(), n)
+    per_step, per_req = lo.fit()
+    assert per_step == pytest.approx(1.5, abs=0.1) and per_req == pytest.approx(0.5, abs=0.02)
+
+
+def test_loop_overhead_ignores_unmeasured_steps_clips_stalls_and_never_goes_negative():
+    from control.goodput.overhead import LoopOverhead
+
+    lo = LoopOverhead(clip_ms=10.0)
+    for v in (float("nan"), -1.0, float("inf")):
+        lo.update(v, 4)
+    assert lo.n_obs == 0
+    for n in (2, 4, 8) * 50:
+        lo.update(0.4 * n, n)
+    lo.update(5000.0, 4)  # one stalled step (another thread held the interpreter) moves it only a little
+    per_step, per_req = lo.fit()
+    assert per_req == pytest.approx(0.4, abs=0.05) and per_step < 0.5
+    falling = LoopOverhead()
+    for n in (2, 4, 8) * 50:
+        falling.update(6.0 - 0.5 * n, n)  # falls with the batch: a per-step constant, never a negative slope
+    s, r = falling.fit()
+    assert r == 0.0 and s > 0
+    with pytest.raises(ConfigError, match="forgetting"):
+        LoopOverhead(forgetting=0.0)

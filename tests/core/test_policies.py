@@ -212,3 +212,31 @@ def test_adaptive_runs_one_draft_model_per_step_while_ngram_mixes_freely():
         pol.observe(_outcome(view, d, rng.integers(0, 7, 12)))
     assert mixed_models == 0
     assert pol.bandit.switches > 0  # the bandit did explore across drafters
+
+
+def test_adaptive_drafts_longer_once_it_sees_the_loop_cost_every_step_carries(plan):
+    """The loop's time per request-step outside the forward passes (a server delivering outputs) is a
+    cost that fewer steps save: once measured, the policy's cost model carries it and the same batch
+    gets drafts at least as long, and longer in total."""
+    from dataclasses import replace
+
+    from control.policy.adaptive import REFIT_EVERY
+
+    def run(loop_ms):
+        pol = build_policy("adaptive", plan)
+        v = StepView.build(slots=np.arange(6), request_ids=np.arange(6), ctx_lens=[300] * 6, remaining=[400] * 6,
+                           drafters=("draft",), max_k=8, free_kv_slots=10**6, token_budget=10**6)
+        for step in range(REFIT_EVERY + 1):
+            v.step = step
+            d = pol.decide(v)
+            o = _outcome(v, d, np.full(6, 2))
+            pol.observe(replace(o, drafter=np.zeros(6, dtype=np.int64), prev_loop_ms=loop_ms,
+                                prev_loop_requests=6 if np.isfinite(loop_ms) else 0))
+        v.step = REFIT_EVERY + 1
+        return pol, pol.decide(v)
+
+    base_pol, base = run(float("nan"))
+    pol, d = run(6 * 3.0)  # 3 ms per request-step
+    assert base_pol.cost.target.d == plan.profile.models["target"].d_ms_per_request
+    assert pol.cost.target.d + pol.cost.overhead_ms > base_pol.cost.target.d + 2.0
+    assert (d.k >= base.k).all() and d.k.sum() > base.k.sum()

@@ -281,3 +281,33 @@ def test_a_failing_policy_does_not_fail_requests(loaded, prompts, where, caplog)
     assert eng.policy_errors > 0
     assert eng.last_policy_error.startswith({"shape": "decide", "type": "decide"}.get(where, where))
     assert "policy 'broken' failed" in caplog.text
+
+
+def test_the_loop_time_between_decode_steps_reaches_the_policy(loaded, prompts):
+    """What the driver does between steps (a server delivering outputs) is reported with the next
+    step's outcome, attributed to the batch size of the step before; a step that left nothing
+    decoding reports nothing (the wait after it may be idle time)."""
+    import time
+
+    rec = Recorder(Always(2))
+    eng = make_engine(loaded, rec)
+    for p in prompts[:3]:
+        eng.add_request(p, greedy(12, ignore_eos=True))
+    sizes = []
+    while eng.has_work():
+        eng.step()
+        sizes.append(eng.last_stats.decode_batch)
+        time.sleep(0.02)
+    outs = list(rec.outcomes)
+    assert np.isnan(outs[0].prev_loop_ms)  # nothing before the first decode step
+    measured = [o for o in outs[1:] if np.isfinite(o.prev_loop_ms)]
+    assert len(measured) == len(outs) - 1
+    assert all(o.prev_loop_ms >= 20.0 for o in measured)
+    decode_sizes = [s for s in sizes if s]
+    assert [o.prev_loop_requests for o in measured] == decode_sizes[:-1]
+    eng.add_request(prompts[0], greedy(4, ignore_eos=True))
+    time.sleep(0.05)
+    rec.outcomes.clear()
+    while not rec.outcomes:  # the previous decode step finished everything: the gap was idle, not loop work
+        eng.step()
+    assert np.isnan(rec.outcomes[0].prev_loop_ms)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -209,6 +210,10 @@ class ReferenceEngine:
         self._t0 = clock()
         self.step_no = 0
         self.last_stats = IterationStats()
+        # The loop's time around the last decode step (see StepOutcome.prev_loop_ms): the step's own
+        # time outside its passes, the batch size, and when it ended (None: it left nothing decoding).
+        self._loop_book, self._loop_n, self._loop_mark = 0.0, 0, None
+        self._loop_prev = (math.nan, 0)
         self.policy_errors = 0
         self.last_policy_error: str | None = None
         self._any_category = False
@@ -329,6 +334,11 @@ class ReferenceEngine:
         """One iteration; returns an output per request that produced tokens or finished."""
         with self._step_lock, torch.inference_mode():
             t0 = self.clock()
+            if self._loop_mark is not None:
+                self._loop_prev = (self._loop_book + (t0 - self._loop_mark) * 1e3, self._loop_n)
+                self._loop_mark = None
+            else:
+                self._loop_prev = (math.nan, 0)
             policy = self.policy
             self._take_inbox()
             self._apply_cancels()
@@ -362,6 +372,10 @@ class ReferenceEngine:
             stats.finished = sum(o.finished for o in outputs)
             stats.total_ms = (self.clock() - t0) * 1e3
             self.last_stats = stats
+            if stats.decode_batch and self.decoding.any():
+                self._loop_book = stats.total_ms - stats.prefill_ms - stats.draft_ms - stats.verify_ms
+                self._loop_n = stats.decode_batch
+                self._loop_mark = self.clock()
             return outputs
 
     # -- admission and prefill -------------------------------------------------------------------------
@@ -610,6 +624,7 @@ class ReferenceEngine:
             category=view.category, draft_ms=draft_ms, verify_ms=verify_ms, total_ms=total_ms,
             draft_passes=passes, draft_ctx_tokens=ctx_tokens, draft_batched_tokens=batched,
             finished=np.array(finished, dtype=I64), now=self.clock() - self._t0, step=view.step,
+            prev_loop_ms=self._loop_prev[0], prev_loop_requests=self._loop_prev[1],
         )
         tp = self.clock()
         self._policy_call(stats, "observe", policy.observe, outcome)
