@@ -310,7 +310,7 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     if total > cons.free_kv_slots or n + total > cons.token_budget or (
             total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
         return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
-    nxt = np.take_along_axis(mc, np.minimum(k, K - 1)[:, None], axis=1)[:, 0]
+    nxt = mc[np.arange(n), np.minimum(k, K - 1)]
     return Choice(k, tokens, t, plain, next_cost=nxt)
 
 

@@ -139,6 +139,13 @@ class AdaptivePolicy(BasePolicy):
     def _uniform(d: np.ndarray) -> bool:
         return d.size == 1 or bool((d == d[0]).all())
 
+    @classmethod
+    def _drafters_in(cls, d: np.ndarray) -> np.ndarray:
+        """The distinct drafter indices in ``d`` (np.unique's sort, skipped for the usual one drafter)."""
+        if d.size == 0 or cls._uniform(d):
+            return d[:1]
+        return np.unique(d)
+
     def reset_slots(self, slots: np.ndarray) -> None:
         self._pace[slots] = np.nan
         for r in self.req:
@@ -249,7 +256,7 @@ class AdaptivePolicy(BasePolicy):
             # the executor compares the drafter's raw running confidence; the cut is in survival, so
             # map it through each drafter's measured survival per confidence
             conf_cut = np.zeros(n)
-            for i in np.unique(d_ctx):
+            for i in self._drafters_in(d_ctx):
                 if i >= 0 and self.ctx.confidences[i]:
                     sel = d_ctx == i
                     conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
@@ -435,7 +442,7 @@ class AdaptivePolicy(BasePolicy):
         if not lag.any():
             return lag
         csum = np.concatenate([np.zeros((surv.shape[0], 1)), np.cumsum(surv, axis=1)], axis=1)
-        per_step = 1.0 + np.take_along_axis(csum, np.clip(cap, 0, surv.shape[1])[:, None], axis=1)[:, 0]
+        per_step = 1.0 + csum[np.arange(cap.shape[0]), np.clip(cap, 0, surv.shape[1])]
         steps_left = np.maximum(remaining / per_step, 1.0)
         return lag / steps_left
 
@@ -502,7 +509,7 @@ class AdaptivePolicy(BasePolicy):
             return
         prod = np.cumprod(np.where(drafted, conf[:, :w], 1.0), axis=1)  # running confidence per drafted token
         hit = (pos < outcome.accepted[:, None]) & drafted  # observed survival
-        for i in np.unique(d_ctx[spec]):
+        for i in self._drafters_in(d_ctx[spec]):
             if i < 0 or not self.ctx.confidences[i]:
                 continue
             rows = spec & (d_ctx == i)
@@ -530,7 +537,7 @@ class AdaptivePolicy(BasePolicy):
             self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
                                    float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms,
                                    1.0, float(outcome.n))
-        used = np.unique(d_ctx[spec]) if spec.any() else np.zeros(0, dtype=I64)
+        used = self._drafters_in(d_ctx[spec])
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]
             if rls is not None:

@@ -127,7 +127,7 @@ class BasePolicy:
         return max(e, 0)
 
     def lag_of(self, view: StepView, exec_drafter: np.ndarray) -> np.ndarray:
-        return np.take_along_axis(view.draft_lag, exec_drafter[:, None], axis=1)[:, 0]
+        return view.draft_lag[np.arange(exec_drafter.shape[0]), exec_drafter]
 
     # -- protocol --------------------------------------------------------------------------------
     def decide(self, view: StepView) -> Decision:
