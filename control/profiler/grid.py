@@ -55,8 +55,6 @@ CPU_GRID = Grid(batches=(1, 2, 4, 8, 16), ctxs=(32, 128, 512, 1024), ks=(0, 1, 2
 # A GPU: batches up to 64, contexts up to 8k; each model's KV cache capped at 24 GB.
 GPU_GRID = Grid(batches=(1, 2, 4, 8, 16, 32, 64), ctxs=(128, 512, 2048, 8192), ks=(0, 1, 3, 5, 7), warmup=3,
                 repeats=7, kv_budget_gb=24.0)
-# ``calibrate``: a few seconds, enough to fit a, b and c.
-CALIBRATE_GRID = Grid(batches=(1, 4), ctxs=(32, 256), ks=(0, 2, 5), warmup=1, repeats=3)
 
 
 def parse_int_list(text: str, what: str, minimum: int) -> tuple[int, ...]:

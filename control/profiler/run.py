@@ -4,8 +4,9 @@ profile (``specctl.profile/v1``, ``source: measured``) with its environment.
 - ``profile_engine_dir``: the models of an engine directory (the CPU pair, or checkpoints).
 - ``profile_shapes``: random-weight models of catalog shapes (a GPU host profiles an 8B target with
   1B and 160M drafts in one command).
-- ``calibrate``: a few-second profile of an engine directory for an executor or ``specctl serve``
-  that finds no committed profile.
+
+The few-second calibration that ``specctl serve`` runs for an engine with no committed profile is
+``control.executors.reference.calibrate.quick_profile``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from control.buildsys.catalog import SKUS
 from control.buildsys.cpu.progress import Reporter, SilentReporter
 from control.goodput.cost import fit_linear_cost, fit_target_cost
 from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, parse_profile
-from control.profiler.grid import CALIBRATE_GRID, CPU_GRID, GPU_GRID, Grid
+from control.profiler.grid import CPU_GRID, GPU_GRID, Grid
 from control.profiler.models import ProfiledModel, default_dtype, engine_models, resolve_device, shape_models
 from control.profiler.timing import Point, sweep_model, time_ngram
 
@@ -166,11 +167,3 @@ def profile_shapes(target: str, drafts: tuple[str, ...] | None, device: str = "c
     prof = _assemble(sku or detect_sku(dev), pair, coeffs, models, ngram_ms, {}, grid, env,
                      models[0].model.config.max_position_embeddings, kv_tokens, len(points))
     return ProfileResult(prof, points, {m.key: m.params for m in models})
-
-
-def calibrate(engine_dir: str | Path, device: str = "cpu") -> Profile:
-    """A quick profile (a few seconds on CPU) of an engine directory, for executors that find no
-    committed profile. Same schema and fit as ``specctl profile``, on a small grid."""
-    prof = profile_engine_dir(engine_dir, device=device, grid=CALIBRATE_GRID).profile
-    prof.environment["calibration"] = "quick grid (calibrate); run `specctl profile` for the full sweep"
-    return prof
