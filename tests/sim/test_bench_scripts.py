@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from control.bench import report
@@ -80,3 +81,33 @@ def test_sim_results_md_summary_counts_the_passing_loads(bench_json, tmp_path):
     assert line.split("|")[2].strip() == f"{sum(v['pass'] for v in verdicts)}/{len(verdicts)}"
     worst = max(v["vs_best"] for v in verdicts)
     assert line.split("|")[3].strip().startswith(f"{worst:.3f}")
+
+
+def test_bar_check_reports_a_paired_interval_of_ours_over_the_best(bench_json):
+    _, rows = bench_json
+    from scipy.stats import t as student_t
+
+    # ours = best fixed x (1.10, 0.90) on seeds (0, 1): a geometric mean of sqrt(0.99) and an interval
+    # that is the t-interval of the two log ratios, wide enough to hold both sides of 1
+    ratio = {0: 1.10, 1: 0.90}
+    best = {}
+    for r in rows:
+        if r["policy"] == "fixed:3":
+            best[(r["load"], r["seed"])] = r["mean_latency_s"]
+    moved = [dict(r, mean_latency_s=best[(r["load"], r["seed"])] * ratio[r["seed"]]) if r["policy"] == "adaptive"
+             else dict(r, mean_latency_s=r["mean_latency_s"] * (3.0 if r["policy"] in ("none", "oracle") else 1.0))
+             for r in rows]
+    verdicts, table = report.bar_check(moved)
+    logs = np.log([1.10, 0.90])
+    half = student_t.ppf(0.975, 1) * logs.std(ddof=1) / np.sqrt(2)
+    for v in verdicts:
+        assert v["best_fixed"] == "fixed:3"
+        assert v["vs_best_ci"] == pytest.approx((np.exp(logs.mean() - half), np.exp(logs.mean() + half)))
+        assert v["vs_best_ci"][0] < 1.0 < v["vs_best_ci"][1]
+    assert "paired 95% CI" in table.splitlines()[0]
+    # the same ratio on every seed: no spread, a point interval at that ratio
+    same = [dict(r, mean_latency_s=best[(r["load"], r["seed"])] * 1.05) if r["policy"] == "adaptive" else r
+            for r in moved]
+    for v in report.bar_check(same)[0]:
+        assert v["vs_best_ci"] == pytest.approx((1.05, 1.05)) and not v["pass"]
+    assert report.paired_ratio(moved, 0.5, "adaptive", "no-such-policy") is None
