@@ -155,8 +155,16 @@ class TelemetryWindow:
 
     # -- network thread ----------------------------------------------------------------------------
     def to_payload(self, *, source: str, seq: int, plan_version: int, plan_id: str, dropped_windows: int,
-                   dropped_steps: int, known: set[str] | None = None) -> dict[str, Any]:
+                   dropped_steps: int, known: set[str] | None = None,
+                   short_rejects: set[str] | None = None) -> dict[str, Any]:
         """The ``specctl.telemetry/v1`` document for this window.
+
+        ``short_rejects``: drafters that stop short of the k asked only when they have nothing more
+        to propose (no confidence cut: an n-gram lookup without a longer match). A draft that stops
+        short with everything drafted accepted counts a rejection at the next position, as the
+        adaptive policy counts it (``AdaptivePolicy._tried``): the policy asked for that token and
+        got none, and counting only what was drafted gives such a drafter the rates of its long
+        matches.
 
         ``known``: drafter names the service knows (the plan's profile); others are left out of the
         per-drafter statistics, so one unknown drafter does not get the whole window refused.
@@ -181,7 +189,12 @@ class TelemetryWindow:
         # Chain trials per (drafter, position): requests whose chain evaluated more than j positions.
         size = m * K_BUCKETS
         base = d * K_BUCKETS
-        tried = np.bincount(base + np.where(spec, np.minimum(accepted + 1, verified), 0), minlength=size).reshape(m, K_BUCKETS)
+        tried_len = np.where(spec, np.minimum(accepted + 1, verified), 0)
+        if short_rejects:
+            rejects = np.array([name in short_rejects for name in self.drafters] or [False])
+            short = rejects[d] & (np.clip(k, 0, top) > drafted) & (verified == drafted) & (accepted == verified)
+            tried_len = np.where(short, np.minimum(verified + 1, top), tried_len)
+        tried = np.bincount(base + tried_len, minlength=size).reshape(m, K_BUCKETS)
         acc = np.bincount(base + np.where(spec, accepted, 0), minlength=size).reshape(m, K_BUCKETS)
         trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[0]
         acc_pos = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[1]
@@ -190,7 +203,7 @@ class TelemetryWindow:
         tok += self.extra_tok
         drafters, remap = [], {}
         for i, name in enumerate(self.drafters):
-            if tok[1, i] == 0 or (known is not None and name not in known):
+            if (tok[1, i] == 0 and not trials[i].any()) or (known is not None and name not in known):
                 continue
             last = int(np.flatnonzero(trials[i])[-1]) + 1 if trials[i].any() else 0
             remap[i] = len(drafters)

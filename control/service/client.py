@@ -230,7 +230,8 @@ class ServiceLink:
             plan = a.plan
             doc = w.to_payload(source=a.source, seq=self._seq, plan_version=plan.version, plan_id=a.plan_id,
                                dropped_windows=a.dropped_windows, dropped_steps=a.dropped_steps,
-                               known=set(plan.profile.drafter_names))
+                               known=set(plan.profile.drafter_names),
+                               short_rejects={d.name for d in plan.profile.drafters if not d.confidences})
             body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
             w.body = body
         return body

@@ -122,3 +122,30 @@ def test_bad_documents_are_rejected_with_the_reason(change, words):
     with pytest.raises(ValidationError) as e:
         TelemetryBatch.model_validate(_doc(**change))
     assert words in str(e.value)
+
+
+def test_a_draft_that_stops_short_counts_a_rejection_for_drafters_without_confidence_cuts():
+    # Three requests ask k = 4: one drafts 2 and both are accepted (stopped short), one drafts 0
+    # (no match at all), one drafts 4 and has 1 accepted (an ordinary rejection at position 2).
+    w = TelemetryWindow(DRAFTERS, max_samples=8, started=0.0, rng=random.Random(0))
+    k = np.array([4, 4, 4])
+    for drafter in (0, 1):
+        w.on_decide(k)
+        w.on_outcome(StepOutcome(
+            slots=np.arange(3), request_ids=np.arange(3) + 3 * drafter, drafter=np.full(3, drafter),
+            ctx_lens=np.full(3, 100), drafted=np.array([2, 0, 4]), verified=np.array([2, 0, 4]),
+            accepted=np.array([2, 0, 1]), draft_ms=1.0, verify_ms=5.0, total_ms=6.5, draft_passes=4,
+            draft_ctx_tokens=300, draft_batched_tokens=6, finished=np.zeros(0, dtype=np.int64)), predicted_ms=6.0)
+    w.closed_at = 1.0
+    kw = dict(source="llm-0", seq=1, plan_version=1, plan_id="p:1", dropped_windows=0, dropped_steps=0)
+    plain = {d["name"]: d for d in w.to_payload(**kw)["drafters"]}
+    marked = {d["name"]: d for d in TelemetryBatch.model_validate(
+        w.to_payload(**kw, short_rejects={"ngram"})).model_dump()["drafters"]}
+    # what was drafted alone: positions 1 and 2 tried by the two drafting requests; position 1 accepted
+    # by both, position 2 by the one that stopped short
+    assert plain["ngram"]["position_trials"] == [2, 2] and plain["ngram"]["position_accepted"] == [2, 1]
+    # the short stops add a failed trial at position 1 (drafted nothing) and at position 3 (drafted 2)
+    assert marked["ngram"]["position_trials"] == [3, 2, 1] and marked["ngram"]["position_accepted"] == [2, 1, 0]
+    assert marked["ngram"]["drafted"] == plain["ngram"]["drafted"] == 6
+    # a drafter with confidence cuts (not named) keeps counting only what it drafted
+    assert marked["draft"]["position_trials"] == plain["draft"]["position_trials"] == [2, 2]
