@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         rows, meta = run_bench(ep, args, console)
         meta["engines"] = str(engines)
         text = report(rows, meta, json_path=str(out / "bench.json"), report_path=str(out / "report.md"),
-                      title="specctl demo: none vs fixed:3 vs adaptive on the live server")
+                      title=f"specctl demo: {' vs '.join(args.policies)} on the live server")
         print(text, flush=True)
         console.print(f"report: {out / 'report.md'} (JSON {out / 'bench.json'}); dashboard: {dep.control_url}/")
         if args.keep:
