@@ -51,7 +51,7 @@ import numpy as np
 from control.errors import ConfigError
 from control.plan import SLO, Plan, compile_plan
 from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
-from control.policy.types import Decision, Policy, StepOutcome, StepView
+from control.policy.types import Decision, Policy, StepOutcome, StepView, stopped_short
 from control.profile import Profile
 from control.service.telemetry import K_BUCKETS, MAX_MS, SOURCE_PATTERN, TELEMETRY_SCHEMA
 
@@ -161,10 +161,9 @@ class TelemetryWindow:
 
         ``short_rejects``: drafters that stop short of the k asked only when they have nothing more
         to propose (no confidence cut: an n-gram lookup without a longer match). A draft that stops
-        short with everything drafted accepted counts a rejection at the next position, as the
-        adaptive policy counts it (``AdaptivePolicy._tried``): the policy asked for that token and
-        got none, and counting only what was drafted gives such a drafter the rates of its long
-        matches.
+        short with everything drafted accepted (``stopped_short``) counts a rejection at the next
+        position, as the adaptive policy counts it (``AdaptivePolicy._tried``); counting only what
+        was drafted gives such a drafter the rates of its long matches.
 
         ``known``: drafter names the service knows (the plan's profile); others are left out of the
         per-drafter statistics, so one unknown drafter does not get the whole window refused.
@@ -192,7 +191,7 @@ class TelemetryWindow:
         tried_len = np.where(spec, np.minimum(accepted + 1, verified), 0)
         if short_rejects:
             rejects = np.array([name in short_rejects for name in self.drafters] or [False])
-            short = rejects[d] & (np.clip(k, 0, top) > drafted) & (verified == drafted) & (accepted == verified)
+            short = rejects[d] & stopped_short(np.clip(k, 0, top), drafted, verified, accepted)
             tried_len = np.where(short, np.minimum(verified + 1, top), tried_len)
         tried = np.bincount(base + tried_len, minlength=size).reshape(m, K_BUCKETS)
         acc = np.bincount(base + np.where(spec, accepted, 0), minlength=size).reshape(m, K_BUCKETS)

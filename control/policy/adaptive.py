@@ -41,7 +41,7 @@ from control.plan import threshold_batch, typical_ctx
 from control.policy.bandit import DrafterBandit
 from control.policy.base import I64, BasePolicy, PolicyContext
 from control.policy.gate import Gate
-from control.policy.types import Decision, StepOutcome, StepView
+from control.policy.types import Decision, StepOutcome, StepView, stopped_short
 
 REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
 PROBE_TRIALS = 32  # first-position trials below which a drafter counts as unmeasured (probed while exploring)
@@ -461,7 +461,7 @@ class AdaptivePolicy(BasePolicy):
         Stops the policy asked for (a confidence cut) are not rejections."""
         v = outcome.verified
         asked = self._asked[outcome.slots] if outcome.slots.max(initial=-1) < self._asked.size else v
-        short = (outcome.drafted < asked) & (v == outcome.drafted) & (outcome.accepted == v) & (d_ctx >= 0)
+        short = stopped_short(asked, outcome.drafted, v, outcome.accepted) & (d_ctx >= 0)
         if not short.any():
             return v
         short &= ~self.ctx.confidences[np.maximum(d_ctx, 0)]

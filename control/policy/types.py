@@ -224,6 +224,14 @@ def position_counts(verified: np.ndarray, accepted: np.ndarray, max_k: int) -> t
     return trials.astype(I64), succ.astype(I64)
 
 
+def stopped_short(asked: np.ndarray, drafted: np.ndarray, verified: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """Requests whose drafter drafted fewer than the k asked and had everything it drafted verified
+    and accepted. For a drafter that stops only when it has nothing to propose (no confidence cut:
+    an n-gram lookup without a longer match) that is a rejection at the next position: the token
+    was asked for and none came."""
+    return (drafted < asked) & (verified == drafted) & (accepted == verified)
+
+
 @runtime_checkable
 class Policy(Protocol):
     """A decision policy: ``decide`` before each decode step, ``observe`` after it."""
