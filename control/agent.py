@@ -50,7 +50,7 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.plan import SLO, Plan, compile_plan
-from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
+from control.policy.spec import MAX_BATCH_LIMIT, MAX_K_LIMIT, check_policy_bounds, parse_policy_spec
 from control.policy.types import Decision, Policy, StepOutcome, StepView, stopped_short
 from control.profile import Profile
 from control.service.telemetry import K_BUCKETS, MAX_MS, SOURCE_PATTERN, TELEMETRY_SCHEMA
@@ -313,6 +313,8 @@ class Agent:
         profile: the deployment's profile; the default plan is compiled from it.
         url: the control-plane service (``http://127.0.0.1:8700``); None = run on the default plan only.
         policy, max_k, slo: the default plan's policy, maximum draft length and TPOT SLO.
+        max_batch: the executor's largest batch (None: unbounded up to the spec limit); a plan whose
+            policy names a k above ``max_k`` or a batch size above ``max_batch`` is refused whole.
         drafters: the executor's drafter names (index = the executor's drafter id). The default plan
             uses the profile's drafters that the executor has; a service plan that shares none of
             them is rejected.
@@ -330,7 +332,7 @@ class Agent:
                  token: str | None = None, source: str | None = None, telemetry_interval_s: float = 1.0,
                  queue_windows: int = 8, max_samples: int = 256, backoff_initial_s: float = 0.25,
                  backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_batch: int | None = None) -> None:
         from control.policy.registry import build_policy
 
         if not 0 <= max_k <= MAX_K_LIMIT:
@@ -357,6 +359,8 @@ class Agent:
         self.interval = float(telemetry_interval_s)
         self.max_samples = int(max_samples)
         self.seed = seed
+        self.max_k = max_k
+        self.max_batch = max_batch
         self.link_options = {"backoff_initial_s": backoff_initial_s, "backoff_max_s": backoff_max_s,
                              "timeout_s": timeout_s, "keepalive_timeout_s": keepalive_timeout_s}
 
@@ -517,6 +521,14 @@ class Agent:
         latest = pending.plan_id if pending is not None and pending.seq != self._applied_seq else self._plan_id
         if plan_id == latest:
             return True
+        try:
+            check_policy_bounds(plan.policy, max_k=self.max_k, max_batch=self.max_batch or MAX_BATCH_LIMIT,
+                                where=f"plan {plan_id}")
+        except ConfigError as e:
+            self.plans_rejected += 1
+            self.last_error = f"plan {plan_id} rejected: {e}"
+            log.warning(self.last_error)
+            return False
         if not set(plan.drafters) & set(self.drafters):
             self.plans_rejected += 1
             self.last_error = (f"plan {plan_id} rejected: its drafters ({', '.join(plan.drafters)}) are not among "

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -54,6 +55,22 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows; plans carry finite numbers only")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text[:40]} is out of range; plans carry finite numbers only")
+    return v
+
+
+def strict_json(text: str):
+    """``json.loads`` that refuses NaN, Infinity and out-of-range numbers (``1e400``) with ValueError."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 @dataclass(slots=True)
@@ -212,7 +229,7 @@ class ServiceLink:
 
         plan_id = ev.id or "?"
         try:
-            plan = parse_plan(json.loads(ev.data), where=f"plan {plan_id} from {self.url}")
+            plan = parse_plan(strict_json(ev.data), where=f"plan {plan_id} from {self.url}")
         except (ConfigError, ValueError) as e:
             self.agent.plans_rejected += 1
             self.last_error = str(e)
