@@ -7,8 +7,10 @@
    directory;
 2. check every port before starting anything (a taken port is one line naming it);
 3. start ``specctl control-plane`` as a child process and wait for ``/readyz`` with a deadline;
-4. render ``triton_repo/`` into ``<run>/model_repository`` with the engine directory, profile, policy
-   and the service's URL and token in the llm model's parameters, and start ``tritonserver`` with
+4. write the service's token to the owner-only ``<run>/control-token``; render ``triton_repo/`` into
+   ``<run>/model_repository`` with the engine directory, profile, policy, the service's URL and the
+   token file's path (never the token: Triton serves model configs to anyone) in the llm model's
+   parameters, and start ``tritonserver`` with
    the project on PYTHONPATH, waiting for readiness with a deadline;
 5. ``stop()`` stops Triton, then the service (SIGTERM, then SIGKILL after a grace period): no orphans.
 """
@@ -31,6 +33,7 @@ from control.errors import ConfigError, SpecctlError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
+TOKEN_FILE = "control-token"  # in the run directory, owner-only; the llm model's config names it
 
 
 @dataclass
@@ -156,7 +159,7 @@ class Deployment:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> Deployment:
-        from control.triton.repo import render_llm_repo
+        from control.triton.repo import render_llm_repo, write_token_file
         from control.triton.server import TritonServer, check_ports
 
         c = self.cfg
@@ -169,10 +172,11 @@ class Deployment:
         try:
             if c.service:
                 self.start_service()
+            token_file = write_token_file(self.run_dir / TOKEN_FILE, self.token) if c.service else None
             repo = render_llm_repo(self.run_dir / "model_repository", engine_dir=Path(c.engine_dir),
                                    profile=self.profile_path, policy=c.policy,
                                    control_url=self.control_url if c.service else "",
-                                   control_token=self.token if c.service else "", max_k=c.max_k,
+                                   control_token_file=token_file, max_k=c.max_k,
                                    max_batch=c.max_batch, max_tokens=c.max_tokens, instances=c.instances,
                                    threads=c.threads, drafter=c.drafter)
             self.say(f"starting tritonserver (model repository {repo})")
@@ -192,7 +196,8 @@ class Deployment:
         c = self.cfg
         log = self.run_dir / "control-plane.log"
         cmd = [sys.executable, "-m", "control", "control-plane", "--profile", str(self.profile_path), "--host", c.host,
-               "--port", str(c.control_port), "--policy", c.policy, "--max-k", str(c.max_k), *c.service_args]
+               "--port", str(c.control_port), "--policy", c.policy, "--max-k", str(c.max_k),
+               "--max-batch", str(c.max_batch), *c.service_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECCTL_TOKEN": self.token,
                "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
         self.say(f"starting the control-plane service on {self.control_url}")

@@ -6,7 +6,7 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
 --backend pytorch`` renders). ``LlmModel``:
 
 - ``initialize`` reads the model parameters (``config.pbtxt``, rendered by ``specctl serve``): the
-  executor and engine directory, the profile, the policy, the control-plane URL and token, limits;
+  executor and engine directory, the profile, the policy, the control-plane URL and the file holding its token, limits;
   it loads the engine, builds the agent (which serves on its default plan until the service answers)
   and starts the loop thread.
 - ``execute`` (decoupled) validates each request, registers it with the executor and returns at
@@ -51,6 +51,8 @@ INPUT_NAMES = ("text_input", "input_ids", "max_tokens", "stream", "temperature",
 EXECUTORS = ("reference", "trtllm")
 CONTROLS = ("drafter-hook", "static-schedule")
 K_HIST = 17  # k = 0..16
+TOKEN_FILE_FORBIDDEN_BITS = 0o077  # group and other permissions: the token file is owner-only
+MAX_TOKEN_FILE_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,16 @@ class ModelParams:
     default_max_tokens: int = 64
     threads: int = 1
     control_url: str = ""
-    control_token: str = ""
+    control_token_file: str = ""
     drafter: str = ""
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelParams:
         raw = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
+        if raw.get("control_token"):
+            raise ConfigError("llm model parameter control_token: Triton shows the model config to anyone "
+                              "(GET /v2/models/<name>/config), so it must not hold the token; write the token to "
+                              "an owner-only file named by control_token_file, or set SPECCTL_TOKEN")
         kw: dict[str, Any] = {}
         for f in cls.__dataclass_fields__.values():
             if f.name not in raw or raw[f.name] == "":
@@ -118,6 +124,33 @@ class ModelParams:
             if getattr(p, name) < (0 if name == "max_k" else 1):
                 raise ConfigError(f"llm model parameter {name} = {getattr(p, name)}: must be >= {0 if name == 'max_k' else 1}")
         return p
+
+    def read_token(self) -> str | None:
+        """The control-plane token: from ``control_token_file`` if set, else None (the agent then reads
+        SPECCTL_TOKEN from the environment)."""
+        return read_token_file(self.control_token_file) if self.control_token_file else None
+
+
+def read_token_file(path: str) -> str:
+    """A token from an owner-only file; ConfigError if it is missing, empty or readable by others."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"llm model parameter control_token_file = {path!r}: not a regular file")
+        if st.st_mode & TOKEN_FILE_FORBIDDEN_BITS:
+            raise ConfigError(f"llm model parameter control_token_file = {path!r}: mode {stat.S_IMODE(st.st_mode):o} "
+                              "lets others read it; make it owner-only (chmod 600)")
+        with open(path, encoding="utf-8") as f:
+            token = f.read(MAX_TOKEN_FILE_CHARS + 1).strip()
+    except OSError as e:
+        raise ConfigError(f"llm model parameter control_token_file = {path!r}: cannot read it ({e.strerror})") from None
+    if not token or len(token) > MAX_TOKEN_FILE_CHARS or any(c.isspace() for c in token):
+        raise ConfigError(f"llm model parameter control_token_file = {path!r}: must hold one token of 1.."
+                          f"{MAX_TOKEN_FILE_CHARS} characters without spaces")
+    return token
 
 
 class Detokenizer:
@@ -319,7 +352,7 @@ class LlmModel(ResponseSender):
                 if profile is None or profile.pair != loaded.name:
                     profile = quick_profile(loaded)
             self.agent = Agent(profile, url=p.control_url or None, policy=self.policy_spec, drafters=drafters,
-                               max_k=p.max_k, token=p.control_token or None,
+                               max_k=p.max_k, max_batch=p.max_batch, token=p.read_token(),
                                source=f"triton-{self.instance}".replace(" ", "-")[:128])
             policy = self.agent
         self.engine = ReferenceEngine(loaded.target, loaded.drafters, policy,
