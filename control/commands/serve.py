@@ -66,8 +66,8 @@ def deployment_config(args: argparse.Namespace):
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve an engine directory: Triton (llm model) + the control-plane service",
                        description="Render triton_repo for the deployment into a run directory, start the control-plane "
-                                   "service and tritonserver (loopback only), print the endpoints, and stop both on "
-                                   "Ctrl-C or SIGTERM.")
+                                   "service and tritonserver (loopback only), print the endpoints, restart either when it "
+                                   "dies (or when the model's Python stub dies), and stop both on Ctrl-C or SIGTERM.")
     add_deployment_args(p)
     p.set_defaults(run=run)
 
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from control.triton.deploy import Deployment
+    from control.triton.supervisor import CHECK_INTERVAL_S, Supervisor
 
     console = Console(stderr=True)
     cfg = deployment_config(args)
@@ -100,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
         token = "(as given)" if args.token else "(from SPECCTL_TOKEN)" if _env_token() else dep.token
         print(f"  {'token':15s} {token}", flush=True)
         print("ready; Ctrl-C stops both", flush=True)
-        while not stop.wait(0.5):
-            alive = dep.alive()
-            dead = [n for n, ok in alive.items() if not ok]
-            if dead:
-                console.print(f"[red]{', '.join(dead)} exited; stopping (logs in {cfg.run_dir})[/red]")
+        supervisor = Supervisor(dep, say=lambda s: print(f"specctl serve: {s}", flush=True))
+        while not stop.wait(CHECK_INTERVAL_S):
+            give_up = supervisor.check()
+            if give_up:
+                console.print(f"[red]{give_up}; stopping (logs in {cfg.run_dir})[/red]")
                 return 1
         console.print("stopping")
         return 0

@@ -6,7 +6,8 @@
    engines; else a quick calibration of the engine directory, a few seconds) and copy it into the run
    directory;
 2. check every port before starting anything (a taken port is one line naming it);
-3. start ``specctl control-plane`` as a child process and wait for ``/readyz`` with a deadline;
+3. start ``specctl control-plane`` as a child process (its overrides and plan version kept in
+   ``<run>/control-state.json``) and wait for ``/readyz`` with a deadline;
 4. write the service's token to the owner-only ``<run>/control-token``; render ``triton_repo/`` into
    ``<run>/model_repository`` with the engine directory, profile, policy, the service's URL and the
    token file's path (never the token: Triton serves model configs to anyone) in the llm model's
@@ -34,6 +35,7 @@ from control.errors import ConfigError, SpecctlError
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
 TOKEN_FILE = "control-token"  # in the run directory, owner-only; the llm model's config names it
+STATE_FILE = "control-state.json"  # the service's overrides and plan version, kept across its restarts
 
 
 @dataclass
@@ -193,18 +195,25 @@ class Deployment:
         return self
 
     def start_service(self) -> None:
+        """Start the control-plane service and wait until it is ready."""
+        self.spawn_service()
+        _wait_http(f"{self.control_url}/readyz", self.service_proc, 60.0, "the control-plane service",
+                   self.run_dir / "control-plane.log")
+
+    def spawn_service(self) -> None:
+        """Start the control-plane service without waiting. It keeps its overrides and plan version in
+        ``<run>/control-state.json``, so a restarted service carries on where the last one stopped."""
         c = self.cfg
         log = self.run_dir / "control-plane.log"
         cmd = [sys.executable, "-m", "control", "control-plane", "--profile", str(self.profile_path), "--host", c.host,
                "--port", str(c.control_port), "--policy", c.policy, "--max-k", str(c.max_k),
-               "--max-batch", str(c.max_batch), *c.service_args]
+               "--max-batch", str(c.max_batch), "--state", str(self.run_dir / STATE_FILE), *c.service_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECCTL_TOKEN": self.token,
                "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
         self.say(f"starting the control-plane service on {self.control_url}")
         with open(log, "ab") as f:
             self.service_proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
                                                  start_new_session=True)
-        _wait_http(f"{self.control_url}/readyz", self.service_proc, 60.0, "the control-plane service", log)
 
     def kill_service(self) -> None:
         """SIGKILL the service (tests: the data plane must keep serving)."""

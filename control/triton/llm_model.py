@@ -53,6 +53,7 @@ CONTROLS = ("drafter-hook", "static-schedule")
 K_HIST = 17  # k = 0..16
 TOKEN_FILE_FORBIDDEN_BITS = 0o077  # group and other permissions: the token file is owner-only
 MAX_TOKEN_FILE_CHARS = 4096
+AGENT_BACKOFF_MAX_S = 2.0  # a restarted control plane (same port) is found again within about this long
 
 
 @dataclass(frozen=True)
@@ -353,6 +354,7 @@ class LlmModel(ResponseSender):
                     profile = quick_profile(loaded)
             self.agent = Agent(profile, url=p.control_url or None, policy=self.policy_spec, drafters=drafters,
                                max_k=p.max_k, max_batch=p.max_batch, token=p.read_token(),
+                               backoff_max_s=AGENT_BACKOFF_MAX_S,
                                source=f"triton-{self.instance}".replace(" ", "-")[:128])
             policy = self.agent
         self.engine = ReferenceEngine(loaded.target, loaded.drafters, policy,
