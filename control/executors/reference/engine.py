@@ -8,15 +8,17 @@ One iteration (``step``):
    and sample their first token;
 4. draft for each decode request with k > 0 (its chosen drafter; a draft model first catches up on
    the tokens its cache misses), let a ``Verifier`` policy prune, verify every request's last token
-   plus its drafts in one packed target pass, accept (greedy exact match, or rejection sampling at
-   temperature > 0), roll back the rejected positions in the target and draft caches, append the
+   plus its drafts in one packed target pass, accept (exact match against the target's greedy token,
+   or at temperature > 0 against the target's draw with the request's position noise), roll back the rejected positions in the target and draft caches, append the
    accepted tokens and the bonus token, and stop requests on EOS, a stop word or max_tokens;
 5. report a ``StepOutcome`` to the policy.
 
 Greedy speculative output equals plain greedy output token for token: acceptance is exact match
 against the target's own greedy token, and the target's forward is batch invariant (see
 ``model.py``), so the target computes bitwise the same logits for a token whether it is verified in
-a block of drafts, decoded alone, or packed with any other requests.
+a block of drafts, decoded alone, or packed with any other requests. The same holds for sampled
+output: each position's randomness comes from (request seed, position) (``PositionNoise``), so a
+seeded request gives the same tokens with or without speculation, at any k, batch and load.
 """
 
 from __future__ import annotations
@@ -46,17 +48,18 @@ from control.executors.reference.drafters import (
 from control.executors.reference.kvpool import KVPool
 from control.executors.reference.model import LlamaForCausalLM, Segment
 from control.executors.reference.sampling import (
+    PositionNoise,
     banned_tokens,
     filtered_probs,
-    sample_index,
     stop_hit,
+    verify_coupled,
     verify_greedy,
-    verify_rejection,
 )
 from control.policy.spec import MAX_K_LIMIT
 from control.policy.types import Decision, Policy, StepOutcome, StepView
 
 I64 = np.int64
+UNSEEDED = 0x5EED  # third part of an unseeded request's noise key, so it never equals a seeded one's
 log = logging.getLogger(__name__)
 
 
@@ -116,7 +119,7 @@ class _Request:
     prompt: np.ndarray
     params: SamplingParams
     category: int
-    rng: np.random.Generator | None
+    noise: PositionNoise | None  # None: greedy
     slot: int = -1
     generated: int = 0
     drafted: int = 0
@@ -236,9 +239,9 @@ class ReferenceEngine:
             raise ConfigError(f"category = {category!r}: must be an integer >= 0 (or omitted)")
         with self._lock:
             rid = next(self._ids)
-            seed = params.random_seed if params.random_seed is not None else [self.cfg.seed, rid]
+            key = (params.random_seed,) if params.random_seed is not None else (self.cfg.seed, rid, UNSEEDED)
             req = _Request(rid, prompt, params, -1 if category is None else category,
-                           None if params.greedy else np.random.default_rng(seed))
+                           None if params.greedy else PositionNoise(key))
             if stream:
                 self._streams[rid] = queue.SimpleQueue()
             self._live.add(rid)
@@ -458,7 +461,7 @@ class ReferenceEngine:
             s = slots[samp]
             p = self._probs(logits[torch.from_numpy(samp).to(self.device)], s)
             for j, row in enumerate(samp):
-                out[row] = sample_index(p[j], self.slot_req[int(s[j])].rng)
+                out[row] = self.slot_req[int(s[j])].noise.sample(p[j], int(self.n_tok[s[j]]))
         return out
 
     def _probs(self, logits: torch.Tensor, slots: np.ndarray) -> np.ndarray:
@@ -540,7 +543,6 @@ class ReferenceEngine:
         drafts = np.full((n, kmax), -1, dtype=I64)
         count = np.zeros(n, dtype=I64)
         conf = None
-        q_rows: list = [None] * n
         passes = ctx_tokens = batched = 0
         t_d = self.clock()
         for j in np.unique(d[k > 0]):
@@ -549,7 +551,7 @@ class ReferenceEngine:
             drafter = self.drafters[int(j)]
             rows = DraftRows(slots, k[sel], None if cut is None else cut[sel], self.tok, self.n_tok,
                              self.sampled[slots], self.temperature[slots], self.top_k[slots], self.top_p[slots],
-                             [self.slot_req[int(s)].rng for s in slots])
+                             [self.slot_req[int(s)].noise for s in slots])
             res = drafter.propose(rows, self.device)
             w = res.drafts.shape[1]
             drafts[sel, :w] = res.drafts
@@ -558,9 +560,6 @@ class ReferenceEngine:
                 if conf is None:
                     conf = np.full((n, max(self.max_k, 1)), np.nan)
                 conf[sel, :w] = res.confidence
-            if res.q is not None:
-                for i, qi in zip(sel, res.q, strict=True):
-                    q_rows[i] = qi
             passes, ctx_tokens, batched = passes + res.passes, ctx_tokens + res.ctx_tokens, batched + res.batched_tokens
             self.last_drafter[slots] = j
         draft_ms = (self.clock() - t_d) * 1e3
@@ -599,8 +598,7 @@ class ReferenceEngine:
                 rows = torch.arange(int(first_row[i]), int(first_row[i] + rows_per[i]))
                 p = self._probs(logits[rows.to(self.device)], np.full(rows.shape[0], dec[i]))
                 v = int(verified[i])
-                qi = q_rows[i][:v] if q_rows[i] is not None else None
-                accepted[i], bonus[i] = verify_rejection(p, drafts[i, :v], qi, reqs[i].rng)
+                accepted[i], bonus[i] = verify_coupled(p, drafts[i, :v], reqs[i].noise, int(nt[i]))
         # Accept: drafts[:a] + bonus; roll back the rejected positions in the target and draft caches.
         new = np.zeros((n, width), dtype=I64)
         new[:, :kmax] = drafts
