@@ -59,3 +59,35 @@ def test_an_override_beyond_the_deployment_s_max_batch_is_refused_and_serving_go
     t0 = time.monotonic()
     out = grpc_generate(deployment.grpc_url, PROMPTS[1], GenParams(max_tokens=16))
     assert out.error is None and len(out.token_ids) == 16 and time.monotonic() - t0 < 30
+
+
+def test_seeded_sampling_is_reproducible_with_speculation_under_load(deployment, policy):
+    import asyncio
+
+    import tritonclient.grpc.aio as aio
+
+    from control.clients.triton import stream_generate
+    from tests.e2e.prompts import many
+
+    def seeded(seed: int, spec: str | None) -> GenParams:
+        return GenParams(max_tokens=24, temperature=0.9, top_p=0.95, random_seed=seed, policy=spec)
+
+    seeds = list(range(12))
+    prompts = many(len(seeds))
+    solo = [grpc_generate(deployment.grpc_url, p, seeded(s, "none")).token_ids for p, s in zip(prompts, seeds, strict=True)]
+    policy("fixed:3")
+
+    async def load():
+        client = aio.InferenceServerClient(deployment.grpc_url)
+        try:
+            noise = [stream_generate(client, p, GenParams(max_tokens=32)) for p in many(12)]
+            mine = [stream_generate(client, p, seeded(s, None)) for p, s in zip(prompts, seeds, strict=True)]
+            return await asyncio.gather(*mine, *noise)
+        finally:
+            await client.close()
+
+    res = asyncio.run(asyncio.wait_for(load(), 120))[: len(seeds)]
+    assert [r.error for r in res] == [None] * len(seeds)
+    assert sum(r.drafted for r in res) > 0  # speculation ran on the seeded requests
+    same = sum(r.token_ids == want for r, want in zip(res, solo, strict=True))
+    assert same == len(seeds), f"{same} of {len(seeds)} seeded requests matched their solo run"
