@@ -1,5 +1,6 @@
 """Fault injection on ``specctl serve`` under a steady load of 20 gRPC streams: SIGKILL the control plane,
-then the llm model's Python stub, and count what the clients saw. Nothing accepted may go unanswered."""
+then the llm model's Python stub, then tritonserver, and count what the clients saw. Nothing accepted
+may go unanswered."""
 
 from __future__ import annotations
 
@@ -63,8 +64,14 @@ def _start_serve(engines: Path, run: Path) -> tuple[subprocess.Popen, dict[str, 
     raise AssertionError(f"specctl serve did not get ready: {out.read_text(errors='replace')[-2000:]}")
 
 
+def _client(grpc_url: str) -> aio.InferenceServerClient:
+    """A client whose channel has its own subchannels: gRPC shares them process-wide by default, and a
+    shared one still backing off from a refused connection fails new calls long after the restart."""
+    return aio.InferenceServerClient(grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+
+
 async def _worker(i: int, grpc_url: str, prompts: list[str], tally: Tally, stop: asyncio.Event) -> None:
-    client = aio.InferenceServerClient(grpc_url)
+    client = _client(grpc_url)
     n = 0
     try:
         while not stop.is_set():
@@ -83,7 +90,7 @@ async def _worker(i: int, grpc_url: str, prompts: list[str], tally: Tally, stop:
             if res is None or res.error:  # a fresh channel: gRPC's reconnect backoff would lag a restart
                 await client.close()
                 await asyncio.sleep(0.2)
-                client = aio.InferenceServerClient(grpc_url)
+                client = _client(grpc_url)
     finally:
         await client.close()
 
@@ -93,6 +100,19 @@ def _poll_ready(http_url: str) -> int:
         return httpx.get(f"{http_url}/v2/health/ready", timeout=1).status_code
     except httpx.HTTPError:
         return 0  # nothing listens: not ready
+
+
+def _grpc_ready(grpc_url: str) -> bool:
+    import tritonclient.grpc as grpcclient
+
+    try:
+        client = grpcclient.InferenceServerClient(grpc_url)
+        try:
+            return bool(client.is_server_ready(client_timeout=1))
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means not ready
+        return False
 
 
 async def _wait_for(pred, timeout_s: float, step_s: float = 0.1) -> float | None:
@@ -136,9 +156,17 @@ async def _scenario(serve: subprocess.Popen, urls: dict[str, str]) -> dict:
     out["stub_kill"] = time.monotonic()
     os.kill(stub, signal.SIGKILL)
     out["not_ready_s"] = await _wait_for(lambda: _poll_ready(http) != 200, 10, step_s=0.05)
-    out["ready_again_s"] = await _wait_for(lambda: _poll_ready(http) == 200, SERVING_AGAIN_WITHIN_S)
+    out["ready_again_s"] = await _wait_for(lambda: _poll_ready(http) == 200 and _grpc_ready(grpc), SERVING_AGAIN_WITHIN_S)
     out["stub_dead"] = not process_alive(stub)
-    await asyncio.sleep(5)  # the load runs on the restarted server
+    await asyncio.sleep(4)  # the load runs on the restarted server
+    # 3. tritonserver itself dies (as a crashing request would take it down)
+    triton = [p for p in descendants(serve.pid) if stub_pids(p)][0]
+    out["server_kill"] = time.monotonic()
+    os.kill(triton, signal.SIGKILL)
+    out["server_down_s"] = await _wait_for(lambda: _poll_ready(http) != 200, 10, step_s=0.05)  # the kill landed
+    out["server_ready_again_s"] = await _wait_for(lambda: _poll_ready(http) == 200 and _grpc_ready(grpc),
+                                                  SERVING_AGAIN_WITHIN_S)
+    await asyncio.sleep(3)
     out["end"] = time.monotonic()
     stop.set()
     await asyncio.wait_for(asyncio.gather(*workers), ANSWER_DEADLINE_S + 10)
@@ -162,7 +190,8 @@ def test_killing_the_control_plane_and_the_stub_under_load_loses_nothing(quick_e
     print(f"\nfault injection: {len(tally.done)} requests answered ({errors} with an error), {tally.lost} lost; "
           f"agent back {out['agent_back_s']:.1f} s after the control plane died; stub killed with "
           f"{out['open_at_stub_kill']} in flight; health not ready after {out['not_ready_s']:.2f} s, ready again "
-          f"{out['ready_again_s']:.1f} s later")
+          f"{out['ready_again_s']:.1f} s later; tritonserver killed, serving again after "
+          f"{out['server_ready_again_s']:.1f} s")
     assert tally.lost == 0 and tally.open == 0, "requests accepted but never answered"
     # Control plane: no request failed, the agent was back within 10 s, overrides and versions kept.
     cp_phase = tally.between(out["cp_kill"] - 10, out["cp_phase_end"])
@@ -171,13 +200,23 @@ def test_killing_the_control_plane_and_the_stub_under_load_loses_nothing(quick_e
     assert out["overrides_after"]["policy"] == "fixed:2" and out["plan_after"] > version
     # Stub: the requests in flight got an error within 5 s, health went not-ready, serving resumed.
     assert out["stub_dead"] and out["open_at_stub_kill"] > 0
-    # Those in flight ended within 5 s: with an error, or complete (their final response was already
-    # on its way; a stream cut short counts as an error in stream_generate).
-    hit = [(t1 - out["stub_kill"], e) for t0, t1, e in tally.done if t0 < out["stub_kill"] < t1]
+    # The requests the server held with a dead stub (in flight at the kill, or sent before health
+    # turned not ready) ended within 5 s of the kill: with an error, or complete (their final
+    # response was already on its way; a stream cut short counts as an error in stream_generate).
+    kill = out["stub_kill"]
+    hit = [(t1 - kill, e) for t0, t1, e in tally.done if t1 > kill and t0 < kill + out["not_ready_s"]]
     assert sum(1 for _, e in hit if e) > 0, hit
     assert max(dt for dt, _ in hit) < ERROR_WITHIN_S, hit
     assert out["not_ready_s"] is not None and out["ready_again_s"] is not None
     assert out["ready_again_s"] < SERVING_AGAIN_WITHIN_S
-    after = [d for d in tally.done if d[0] > out["stub_kill"] + out["not_ready_s"] + out["ready_again_s"]]
+    back = out["stub_kill"] + out["not_ready_s"] + out["ready_again_s"]
+    after = [d for d in tally.done if back < d[0] and d[1] < out["server_kill"]]
     assert after and all(e is None for _, _, e in after), after[:5]
-    assert "restarting tritonserver" in log and "control plane exited" in log
+    # Server: killed outright, it is started again and serves.
+    assert out["server_down_s"] is not None
+    assert out["server_ready_again_s"] is not None and out["server_ready_again_s"] < SERVING_AGAIN_WITHIN_S
+    hit = [t1 - out["server_kill"] for t0, t1, _ in tally.done if t0 < out["server_kill"] < t1]
+    assert hit and max(hit) < ERROR_WITHIN_S, hit
+    last = [d for d in tally.done if d[0] > out["server_kill"] + out["server_down_s"] + out["server_ready_again_s"]]
+    assert last and all(e is None for _, _, e in last), last[:5]
+    assert "restarting tritonserver" in log and "control plane exited" in log and "tritonserver exited" in log
