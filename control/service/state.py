@@ -137,8 +137,13 @@ class ControlState:
             version, self.overrides = saved
         self.overrides.check_profile(profile)
         if self.overrides.policy is not None:
-            check_policy_bounds(self.overrides.policy, max_k=self.overrides.max_k if self.overrides.max_k is not None
-                                else self.config.max_k, max_batch=self.max_batch, where="saved override policy")
+            max_k = self.overrides.max_k if self.overrides.max_k is not None else self.config.max_k
+            try:
+                check_policy_bounds(self.overrides.policy, max_k=max_k, max_batch=self.max_batch,
+                                    where="saved override policy")
+            except ConfigError as e:
+                raise ConfigError(f"state file '{self.config.state_path}': {e}; fix the override there or move "
+                                  "the file away") from None
         self.published_at = 0.0
         self.plan: Plan = self._compile(self.overrides, version, "service start")
         self._publish(self.plan, "start")

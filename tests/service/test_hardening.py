@@ -165,3 +165,20 @@ def test_plans_with_non_finite_numbers_are_refused_by_the_agent_link():
     for text in ('{"a": NaN}', '{"a": Infinity}', '{"a": -Infinity}', '{"a": 1e400}'):
         with pytest.raises(ValueError):
             strict_json(text)
+
+
+def test_the_cli_refuses_a_default_policy_beyond_its_bounds_and_a_bad_saved_override(profile_path, tmp_path, capsys):
+    from control.cli import main
+    from tests.service.conftest import free_port
+
+    def cli(*args):
+        rc = main(["control-plane", "--profile", str(profile_path), "--port", str(free_port()), *args])
+        return rc, capsys.readouterr().err.strip()
+
+    rc, err = cli("--policy", "static-schedule:maxconc=64", "--max-batch", "32")
+    assert rc == 2 and "--policy 'static-schedule:maxconc=64': max_concurrency 64 is above" in err and "\n" not in err
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"schema": "specctl.service-state/v1", "version": 4,
+                                 "overrides": {"policy": "static-schedule:1=4,64=1"}}))
+    rc, err = cli("--max-batch", "32", "--state", str(state))
+    assert rc == 2 and f"state file '{state}': saved override policy" in err and "batch size 64" in err
