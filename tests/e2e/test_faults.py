@@ -166,7 +166,9 @@ async def _scenario(serve: subprocess.Popen, urls: dict[str, str]) -> dict:
     out["server_down_s"] = await _wait_for(lambda: _poll_ready(http) != 200, 10, step_s=0.05)  # the kill landed
     out["server_ready_again_s"] = await _wait_for(lambda: _poll_ready(http) == 200 and _grpc_ready(grpc),
                                                   SERVING_AGAIN_WITHIN_S)
-    await asyncio.sleep(3)
+    # the new model instance follows the control plane again, overrides included
+    out["override_back_s"] = await _wait_for(lambda: _agent(http).get("policy") == "fixed:2", AGENT_BACK_WITHIN_S)
+    await asyncio.sleep(2)
     out["end"] = time.monotonic()
     stop.set()
     await asyncio.wait_for(asyncio.gather(*workers), ANSWER_DEADLINE_S + 10)
@@ -217,6 +219,7 @@ def test_killing_the_control_plane_and_the_stub_under_load_loses_nothing(quick_e
     assert out["server_ready_again_s"] is not None and out["server_ready_again_s"] < SERVING_AGAIN_WITHIN_S
     hit = [t1 - out["server_kill"] for t0, t1, _ in tally.done if t0 < out["server_kill"] < t1]
     assert hit and max(hit) < ERROR_WITHIN_S, hit
+    assert out["override_back_s"] is not None, "the restarted model never took the overridden plan"
     last = [d for d in tally.done if d[0] > out["server_kill"] + out["server_down_s"] + out["server_ready_again_s"]]
     assert last and all(e is None for _, _, e in last), last[:5]
     assert "restarting tritonserver" in log and "control plane exited" in log and "tritonserver exited" in log
