@@ -197,8 +197,9 @@ class TritonServer:
 
     def kill(self) -> None:
         """SIGKILL the server and every process of its group (its backend stubs): in-flight requests
-        fail at once instead of waiting out a graceful exit."""
-        if self.proc is None or self.proc.poll() is not None:
+        fail at once instead of waiting out a graceful exit. Also after the server itself died: its
+        stubs outlive it, orphaned, unless their group is killed."""
+        if self.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -227,7 +228,10 @@ class TritonServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is not None:  # it died: end what is left of its group (orphaned stubs)
+            self.kill()
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)

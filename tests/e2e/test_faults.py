@@ -125,6 +125,20 @@ async def _wait_for(pred, timeout_s: float, step_s: float = 0.1) -> float | None
     return None
 
 
+def _left_behind(run: Path) -> list[str]:
+    """Live processes whose command line names ``run`` (orphaned stubs, servers)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and process_alive(int(d.name)):
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(run) in cmd:
+                out.append(f"{d.name}: {cmd[:120]}")
+    return out
+
+
 def _agent(http_url: str) -> dict:
     try:
         return model_stats(http_url, timeout_s=5)["agent"]
@@ -187,6 +201,8 @@ def test_killing_the_control_plane_and_the_stub_under_load_loses_nothing(quick_e
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(60)
+    time.sleep(1)
+    assert _left_behind(tmp_path) == [], "processes of the deployment outlived specctl serve"
     tally = out["tally"]
     errors = sum(1 for d in tally.done if d[2])
     print(f"\nfault injection: {len(tally.done)} requests answered ({errors} with an error), {tally.lost} lost; "
