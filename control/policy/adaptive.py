@@ -249,22 +249,28 @@ class AdaptivePolicy(BasePolicy):
                 self.gate.retune(min(self.gate.b_off, n))
         else:
             self._zero_run = 0
-        conf_cut = None
-        if choice.next_cost is not None and self.ctx.confidences[d_ctx].any():
-            # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
-            cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
-            # the executor compares the drafter's raw running confidence; the cut is in survival, so
-            # map it through each drafter's measured survival per confidence
-            conf_cut = np.zeros(n)
-            for i in self._drafters_in(d_ctx):
-                if i >= 0 and self.ctx.confidences[i]:
-                    sel = d_ctx == i
-                    conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
+        conf_cut = self._cuts(choice, d_ctx, w, g_value)
         self._note_pace(view, surv, choice.k)
         if self.bandit is not None:
             self._note_favourite(d_ctx, choice.k)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def _cuts(self, choice: Choice, d_ctx: np.ndarray, w: np.ndarray | None, g_value: float) -> np.ndarray | None:
+        """Per request, the running draft confidence below which drafting stops (None: no drafter
+        in the step reports confidences, or the optimiser gave no marginal costs)."""
+        if choice.next_cost is None or not self.ctx.confidences[d_ctx].any():
+            return None
+        # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
+        cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
+        # the executor compares the drafter's raw running confidence; the cut is in survival, so
+        # map it through each drafter's measured survival per confidence
+        conf_cut = np.zeros(d_ctx.shape[0])
+        for i in self._drafters_in(d_ctx):
+            if i >= 0 and self.ctx.confidences[i]:
+                sel = d_ctx == i
+                conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
+        return conf_cut
 
     def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray) -> None:
         """Remember the draft model that drafted for most requests this step: new requests prefill its
@@ -477,6 +483,17 @@ class AdaptivePolicy(BasePolicy):
         if not spec.any():
             self._refit(outcome, d_ctx, outcome.drafted > 0)
             return
+        self._learn(outcome, d_ctx, tried, spec, s, t)
+        self._refit(outcome, d_ctx, outcome.drafted > 0)
+        if self.bandit is not None:
+            mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
+            if mine.any():
+                self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
+
+    def _learn(self, outcome: StepOutcome, d_ctx: np.ndarray, tried: np.ndarray, spec: np.ndarray, s: np.ndarray,
+               t: np.ndarray) -> None:
+        """Update the acceptance estimators (per position, per request, per category, confidence
+        calibration) with the requests that drafted (``spec``); ``s``, ``t``: their chain trials."""
         if spec.all() and d_ctx[0] >= 0 and self._uniform(d_ctx):  # one known drafter, everyone drafted: no masks
             i = int(d_ctx[0])
             self.pos[i].update(tried, outcome.accepted)
@@ -494,11 +511,6 @@ class AdaptivePolicy(BasePolicy):
             self.cat.update(outcome.category[spec], s[spec], t[spec])
         if outcome.confidence is not None and self.ctx.confidences.any():
             self._calibrate(outcome, d_ctx, spec)
-        self._refit(outcome, d_ctx, outcome.drafted > 0)
-        if self.bandit is not None:
-            mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
-            if mine.any():
-                self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
 
     def _calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
         conf = outcome.confidence
