@@ -207,8 +207,10 @@ class CategoryRates:
             size = int(cat.max()) + 1
             self.succ = np.resize(self.succ, size)
             self.trials = np.resize(self.trials, size)
-        np.add.at(self.succ, cat, successes[known])
-        np.add.at(self.trials, cat, trials[known])
+        # counts are whole numbers, so summing them per category first changes no bit
+        size = self.succ.size
+        self.succ += np.bincount(cat, weights=successes[known], minlength=size)
+        self.trials += np.bincount(cat, weights=trials[known], minlength=size)
 
     def rates(self, category: np.ndarray, global_rate: float) -> np.ndarray:
         out = np.full(category.shape, global_rate, dtype=np.float64)
@@ -292,6 +294,6 @@ def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarr
         pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
         position_odds = pos / (1.0 - pos)
     pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
-    r = np.clip(request_rate, 1e-6, 1 - 1e-6)
+    r = np.minimum(np.maximum(request_rate, 1e-6), 1 - 1e-6)  # np.clip, without its dispatch cost
     odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
     return np.cumprod(odds / (1.0 + odds), axis=1)

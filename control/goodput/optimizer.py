@@ -229,14 +229,17 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
 
 
 def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=None, lag=None,
-                     g0: float | None = None, max_iter: int = 6) -> Choice:
+                     g0: float | None = None, max_iter: int = 6, k0: np.ndarray | None = None) -> Choice:
     """Request-level optimum by Dinkelbach's method, warm-started from a previous goodput ``g0``.
 
     For a goodput level G the best slot set maximises sum(p - G * marginal cost) - G * (per-depth and
     per-step drafting constants). That separates by drafter, and for a drafter's maximum depth D by
     request (each takes its best prefix within D), so a cumulative sum over an (n, K) array and a scan
     over D per drafter solve it exactly. Iterating G <- tokens / time of the chosen set (Dinkelbach)
-    converges to the best ratio, usually in one pass when G comes from the previous step. KV-slot,
+    converges to the best ratio, usually in one pass when G comes from the previous step. With one
+    drafter for the batch, ``k0`` (e.g. the draft lengths of the previous step, clipped to ``cap``)
+    starts it from the ratio of that choice instead: a lower bound, so where that choice is still
+    the best one pass confirms it (from ``g0`` it takes two). KV-slot,
     token-budget and SLO limits are checked on the result; if one binds, the constrained scan
     ``admit_slots`` decides instead. The returned ``next_cost`` (marginal ms of each request's next
     draft token) gives the confidence cuts: one more token of survival p pays iff p > goodput * cost.
@@ -272,6 +275,72 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     if n == 1 and len(groups) == 1:
         return _admit_one(cost, ctx, surv, int(cap[0]), cons, groups[0][0], mc[0], p[0], plain, drafter, lag)
     g = n / plain if g0 is None or not g0 > 0 else float(g0)
+    if len(groups) == 1 and isinstance(groups[0][1], slice):
+        k, tokens, t = _dinkelbach_one_drafter(groups[0][0], p, mc, valid, plain, g, max_iter,
+                                               None if k0 is None else np.minimum(k0, cap))
+    else:
+        k, tokens, t = _dinkelbach_groups(groups, p, mc, valid, plain, g, max_iter)
+    total = int(k.sum())
+    if total > cons.free_kv_slots or n + total > cons.token_budget or (
+            total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
+        return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
+    nxt = mc[np.arange(n), np.minimum(k, K - 1)]
+    return Choice(k, tokens, t, plain, next_cost=nxt)
+
+
+def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray, plain: float, g: float,
+                            max_iter: int, k0: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+    """Dinkelbach's iterations for a batch on one drafter: (k, tokens, ms) of the best ratio.
+
+    The prefix sums of survival and cost are taken once; an iteration at level g is then
+    value(prefix) = P - g * M (no cumulative sum per iteration), and a choice's tokens and time are
+    one gather each. Same optimum as ``_dinkelbach_groups`` with one group. ``k0`` (within the
+    caps): start from the better of its ratio and plain decoding's instead of ``g``."""
+    n, K = p.shape
+    rows = np.arange(n)
+    # (n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
+    # reads both for a choice); the cost past a request's cap is infinite, so g > 0 never takes it
+    pm = np.zeros((n, K + 1, 2))
+    pz, mz = pm[:, 1:, 0], pm[:, 1:, 1]
+    np.cumsum(p, axis=1, out=pz)
+    np.cumsum(mc, axis=1, out=mz)
+    mz[~valid] = np.inf
+    per_depth = d.depth_ms * np.arange(1, K + 1, dtype=np.float64) + d.const_ms  # (K,) drafting constants
+    zero = np.zeros(n, dtype=np.int64)
+    best = (zero, float(n), plain)
+    if k0 is not None:
+        k0_max = int(k0.max())
+        sp, sm = pm[rows, k0].sum(axis=0)
+        g = max((n + float(sp)) / (plain + float(sm) + (d.depth_ms * k0_max + d.const_ms if k0_max > 0 else 0.0)),
+                n / plain)
+    for _ in range(max_iter):
+        run = pz - g * mz  # (n, K): value of prefix length j + 1 (-inf past the cap)
+        bp = np.maximum.accumulate(run, axis=1)  # best prefix within depth D = j + 1
+        gain = np.maximum(bp, 0.0).sum(axis=0)  # (K,)
+        value = gain - g * per_depth * (gain > 0)
+        D = int(np.argmax(value))
+        k, extra = zero, 0.0
+        if value[D] > 0:
+            k = np.where(bp[:, D] > 0, np.argmax(run[:, : D + 1], axis=1) + 1, 0)
+            extra = d.depth_ms * float(k.max()) + d.const_ms
+        sp, sm = pm[rows, k].sum(axis=0)
+        tokens = n + float(sp)
+        t = plain + float(sm) + extra
+        g_new = tokens / t
+        if g_new > best[1] / best[2]:
+            best = (k, tokens, t)
+        if abs(g_new - g) <= 1e-9 * g:
+            break  # F(g) = 0: g is the optimal ratio
+        g = g_new  # see _dinkelbach_groups
+    return best
+
+
+def _dinkelbach_groups(groups, p: np.ndarray, mc: np.ndarray, valid: np.ndarray, plain: float, g: float,
+                       max_iter: int) -> tuple[np.ndarray, float, float]:
+    """Dinkelbach's iterations with one group of requests per drafter: (k, tokens, ms) of the best ratio."""
+    n, K = p.shape
+    jj = np.arange(K)
+    zero = np.zeros(n, dtype=np.int64)
     best = (zero, float(n), plain)
     single = len(groups) == 1 and isinstance(groups[0][1], slice)
     dd = np.arange(1, K + 1, dtype=np.float64)
@@ -305,13 +374,7 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
         # From below Dinkelbach climbs monotonically; a stale warm start from above drops to the
         # ratio of an actual choice (a lower bound) in one step and climbs from there.
         g = g_new
-    k, tokens, t = best
-    total = int(k.sum())
-    if total > cons.free_kv_slots or n + total > cons.token_budget or (
-            total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
-        return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
-    nxt = mc[np.arange(n), np.minimum(k, K - 1)]
-    return Choice(k, tokens, t, plain, next_cost=nxt)
+    return best
 
 
 def _admit_one(cost, ctx, surv, cap: int, cons: Constraints, d, mc: np.ndarray, p: np.ndarray, plain: float,

@@ -99,6 +99,8 @@ class AdaptivePolicy(BasePolicy):
         # tokens per step at the k the request has been given (NaN before its first decision)
         self._asked = np.zeros(64, dtype=I64)
         self._pace = np.full(64, np.nan)
+        self._cons_key: tuple | None = None
+        self._cons = self.ctx.cons
 
     def update_context(self, ctx: PolicyContext) -> None:
         # a smaller max_k keeps the estimators (their extra positions are never admitted: caps() bound k)
@@ -118,8 +120,10 @@ class AdaptivePolicy(BasePolicy):
     def pooled_rate(self, i: int) -> float:
         return self.pos[i].mean_rate
 
-    def survival(self, view: StepView, d_ctx: np.ndarray) -> np.ndarray:
-        if self._uniform(d_ctx):  # one drafter for the whole batch (always so at batch 1): no masks
+    def survival(self, view: StepView, d_ctx: np.ndarray, uniform: bool | None = None) -> np.ndarray:
+        """(n, K) survival of each request's draft positions on its drafter (``uniform``: the caller
+        knows one drafter serves the whole batch)."""
+        if uniform or (uniform is None and self._uniform(d_ctx)):  # always so at batch 1: no masks
             return self._survival_of(int(d_ctx[0]), view.slots, view.category)
         surv = np.empty((view.n, self.K))
         for i in range(len(self.ctx.drafters)):
@@ -211,35 +215,28 @@ class AdaptivePolicy(BasePolicy):
         if not self.gate.update(n, view.step):
             return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
                             prefill_draft=False)
-        if self.bandit is not None:
-            switch_cost = None
-            if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
-                lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
-                switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
-            allowed = self._to_exec >= 0
-            b = self.bandit
-            if b.exploring:
-                # fresh every exploring step, so a drafter that stops winning is dropped at once (the
-                # favourite too: the profile's favourite can be the one that fails on this workload)
-                b.explore_p = self.explore_probs(view, allowed)
-            d_ctx = self._one_model_per_step(self.bandit.assign(view.slots, switch_cost, allowed=allowed))
-        else:
-            d_ctx = np.full(n, self.ctx.default, dtype=I64)
-        d_exec = self.exec_drafter(d_ctx)
-        lag = self.lag_of(view, d_exec)
-        cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
-        surv = self.survival(view, d_ctx)
-        c = self.ctx.cons
-        cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
-        w = self._residence_weights(view)
+        d_ctx, d_exec, lag, uniform = self._assign_drafters(view)
+        lagged = bool(lag.any())
+        if lagged:
+            cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
+        surv = self.survival(view, d_ctx, uniform)
+        cons = self._constraints(view)
+        pace = self._pace[view.slots]  # (n,) NaN where not yet decided on
+        known = np.isfinite(pace)
+        w = self._residence_weights(view, pace, known)
         choice = admit_parametric(self.cost, view.ctx_lens, surv if w is None else surv * w[:, None], cap, cons,
-                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
+                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining) if lagged else lag,
+                                  g0=self._g, k0=self._asked[view.slots])
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
+        per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)  # (n,) expected accepted
         if w is not None:  # report the prediction in plain tokens
-            choice = Choice(choice.k, self._tokens(surv, choice.k), choice.step_ms, choice.plain_ms, choice.next_cost)
+            choice = Choice(choice.k, float(n + per_req.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
-            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
-        if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any()
+            probed = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
+            if probed is not choice:
+                choice = probed
+                per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)
+        if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not (lagged and lag[cap > 0].any())
                 and not self._pays_at_pooled_rates(view)):
             # Speculation did not pay for requests whose drafts are in sync, and would not at the
             # drafters' pooled rates either: evidence about the batch size. (A zero that only
@@ -249,22 +246,58 @@ class AdaptivePolicy(BasePolicy):
                 self.gate.retune(min(self.gate.b_off, n))
         else:
             self._zero_run = 0
-        conf_cut = self._cuts(choice, d_ctx, w, g_value)
-        self._note_pace(view, surv, choice.k)
+        conf_cut = self._cuts(choice, d_ctx, w, g_value, uniform)
+        self._note_pace(view.slots, per_req, pace, known)
         if self.bandit is not None:
             self._note_favourite(d_ctx, choice.k)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
 
-    def _cuts(self, choice: Choice, d_ctx: np.ndarray, w: np.ndarray | None, g_value: float) -> np.ndarray | None:
+    def _assign_drafters(self, view: StepView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """Each request's drafter for this step: (plan index, executor index, the draft lag it must
+        catch up, whether one drafter serves the whole batch)."""
+        n = view.n
+        if self.bandit is None:  # one drafter for everyone: no gathers
+            e = self.default_exec_drafter()
+            return np.full(n, self.ctx.default, dtype=I64), np.full(n, e, dtype=I64), view.draft_lag[:, e], True
+        switch_cost = None
+        if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
+            lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
+            switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
+        allowed = self._to_exec >= 0
+        b = self.bandit
+        if b.exploring:
+            # fresh every exploring step, so a drafter that stops winning is dropped at once (the
+            # favourite too: the profile's favourite can be the one that fails on this workload)
+            b.explore_p = self.explore_probs(view, allowed)
+        d_ctx = self._one_model_per_step(self.bandit.assign(view.slots, switch_cost, allowed=allowed))
+        d_exec = self.exec_drafter(d_ctx)
+        return d_ctx, d_exec, self.lag_of(view, d_exec), self._uniform(d_ctx)
+
+    def _constraints(self, view: StepView) -> Constraints:
+        """This step's limits (the last step's object when they did not change)."""
+        key = (view.free_kv_slots, view.token_budget, self.ctx.cons)
+        if self._cons_key != key:
+            c = self.ctx.cons
+            self._cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
+            self._cons_key = key
+        return self._cons
+
+    def _cuts(self, choice: Choice, d_ctx: np.ndarray, w: np.ndarray | None, g_value: float,
+              uniform: bool) -> np.ndarray | None:
         """Per request, the running draft confidence below which drafting stops (None: no drafter
         in the step reports confidences, or the optimiser gave no marginal costs)."""
-        if choice.next_cost is None or not self.ctx.confidences[d_ctx].any():
+        if choice.next_cost is None:
+            return None
+        conf = self.ctx.confidences
+        if not (conf[d_ctx[0]] if uniform else conf[d_ctx].any()):
             return None
         # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
         cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
         # the executor compares the drafter's raw running confidence; the cut is in survival, so
         # map it through each drafter's measured survival per confidence
+        if uniform and d_ctx[0] >= 0:
+            return self._conf[int(d_ctx[0])].raw_cut(np.clip(cuts, 0.0, 1.0))
         conf_cut = np.zeros(d_ctx.shape[0])
         for i in self._drafters_in(d_ctx):
             if i >= 0 and self.ctx.confidences[i]:
@@ -400,7 +433,7 @@ class AdaptivePolicy(BasePolicy):
             return choice
         return Choice(k, self._tokens(surv, k), step, choice.plain_ms)
 
-    def _residence_weights(self, view: StepView) -> np.ndarray | None:
+    def _residence_weights(self, view: StepView, pace: np.ndarray, known: np.ndarray) -> np.ndarray | None:
         """Value of an accepted token per request, relative to the batch mean (None: all equal).
 
         An accepted token shortens its request's stay by 1 / pace steps, pace being the tokens the
@@ -414,16 +447,18 @@ class AdaptivePolicy(BasePolicy):
         fast requests and leaves the slow ones in the batch for many steps: on the live CPU server
         adaptive made 6% more request-steps than fixed k = 3 for the same tokens, and mean latency
         follows request-steps. Pace is each request's expected tokens per step at the k it was given,
-        smoothed over its steps (``_note_pace``); a request not yet decided on takes the batch mean.
+        smoothed over its steps (``_note_pace``, here ``pace``, finite where ``known``); a request not
+        yet decided on takes the batch mean.
         """
         n = view.n
         if n < 2:
             return None
-        pace = self._pace[view.slots]
-        known = np.isfinite(pace)
-        w = np.ones(n)
-        if known.any():
+        if known.all():
+            w = 1.0 / pace
+        elif known.any():
             w = 1.0 / np.where(known, pace, pace[known].mean())
+        else:
+            w = np.ones(n)
         t = self.cost.target
         ctx = view.ctx_lens
         if t.a > 0.0 and ctx.min() != ctx.max():
@@ -432,12 +467,12 @@ class AdaptivePolicy(BasePolicy):
             return None
         return w * (n / float(w.sum()))
 
-    def _note_pace(self, view: StepView, surv: np.ndarray, k: np.ndarray) -> None:
-        """Smooth each request's expected tokens per step at the k just chosen into its pace."""
-        slots = view.slots
-        now = 1.0 + np.where(self._pos_idx < k[:, None], surv, 0.0).sum(axis=1)
-        old = self._pace[slots]
-        self._pace[slots] = np.where(np.isfinite(old), PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now, now)
+    def _note_pace(self, slots: np.ndarray, accepted: np.ndarray, old: np.ndarray, known: np.ndarray) -> None:
+        """Smooth each request's expected tokens per step at the k just chosen (1 + its expected
+        ``accepted`` draft tokens) into its pace (``old``, finite where ``known``)."""
+        now = 1.0 + accepted
+        smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now
+        self._pace[slots] = smoothed if known.all() else np.where(known, smoothed, now)
 
     @staticmethod
     def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
