@@ -99,6 +99,15 @@ class PositionRates:
 
     def update(self, verified: np.ndarray, accepted: np.ndarray) -> None:
         accepted = np.asarray(accepted)
+        if accepted.shape[0] == 1:  # one request: its trials and successes are prefixes of the positions
+            acc = int(accepted[0])
+            tried_one = min(acc + 1, int(np.asarray(verified)[0]))
+            self.trials *= self.decay
+            self.succ *= self.decay
+            self.trials[:tried_one] += 1.0
+            self.succ[:acc] += 1.0
+            self._cache = None
+            return
         tried = np.minimum(accepted + 1, np.asarray(verified))
         # trials at position j = #requests that tried more than j positions: a reverse cumulative
         # histogram (no (n, K) comparison matrix on the per-step path)
@@ -187,6 +196,9 @@ class RequestBeta:
         self.t[slots] += trials
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
+        if slots.shape[0] == 1 and np.ndim(prior) == 0:  # plain floats, same bits
+            j = int(slots[0])
+            return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), 0.999)])
         return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), 0.999)
 
 
@@ -290,6 +302,8 @@ def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarr
     Computed as a product of odds (no log/exp on the hot path); ``position_odds`` (the clipped
     position rates' odds, e.g. ``PositionRates.odds``) saves recomputing them. Shape (n, K).
     """
+    if request_rate.shape[0] == 1:
+        return _one_request_survival(float(request_rate[0]), position_rates, pooled_rate, position_odds)
     if position_odds is None:
         pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
         position_odds = pos / (1.0 - pos)
@@ -297,3 +311,23 @@ def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarr
     r = np.minimum(np.maximum(request_rate, 1e-6), 1 - 1e-6)  # np.clip, without its dispatch cost
     odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
     return np.cumprod(odds / (1.0 + odds), axis=1)
+
+
+def _one_request_survival(rate: float, position_rates: np.ndarray, pooled_rate: float,
+                          position_odds: np.ndarray | None) -> np.ndarray:
+    """``request_position_survival`` for one request on plain floats (the same operations in the same
+    order, so the same bits; at batch 1 numpy's per-call cost is most of the work). Shape (1, K)."""
+    if position_odds is None:
+        pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
+        position_odds = pos / (1.0 - pos)
+    pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
+    r = min(max(rate, 1e-6), 1 - 1e-6)
+    q = (r / (1.0 - r)) * ((1.0 - pooled) / pooled)
+    out = []
+    run = 1.0
+    for o in position_odds.tolist():
+        x = o * q
+        a = x / (1.0 + x)
+        run = a if not out else run * a
+        out.append(run)
+    return np.array([out])

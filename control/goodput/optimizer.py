@@ -247,6 +247,8 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     ctx = np.asarray(ctx, dtype=np.float64)
     cap = np.asarray(cap, dtype=np.int64)
     n, K = surv.shape
+    if n == 1 and K > 0 and cost.drafters:
+        return _admit_one(cost, ctx, surv, int(cap[0]), cons, drafter, lag)
     t_plain = cost.target
     plain = cost.plain_ms(ctx)
     zero = np.zeros(n, dtype=np.int64)
@@ -272,8 +274,6 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
         else:
             mc[sel] = t_plain.b
     p = np.where(valid, surv, 0.0)
-    if n == 1 and len(groups) == 1:
-        return _admit_one(cost, ctx, surv, int(cap[0]), cons, groups[0][0], mc[0], p[0], plain, drafter, lag)
     g = n / plain if g0 is None or not g0 > 0 else float(g0)
     if len(groups) == 1 and isinstance(groups[0][1], slice):
         k, tokens, t = _dinkelbach_one_drafter(groups[0][0], p, mc, valid, plain, g, max_iter,
@@ -377,24 +377,45 @@ def _dinkelbach_groups(groups, p: np.ndarray, mc: np.ndarray, valid: np.ndarray,
     return best
 
 
-def _admit_one(cost, ctx, surv, cap: int, cons: Constraints, d, mc: np.ndarray, p: np.ndarray, plain: float,
-               drafter, lag) -> Choice:
+def _admit_one(cost, ctx: np.ndarray, surv: np.ndarray, cap: int, cons: Constraints, drafter, lag) -> Choice:
     """One request, one drafter: the optimum by enumerating k = 0..cap (what Dinkelbach converges
-    to, without its iterations: the batch-1 step is where the policy's own cost shows most)."""
-    K = p.shape[0]
-    kk = np.arange(1, cap + 1)
-    tokens = 1.0 + np.cumsum(p[:cap])
-    times = plain + np.cumsum(mc[:cap]) + d.depth_ms * kk + d.const_ms
-    g = tokens / times
-    j = int(np.argmax(g)) if cap else 0
-    if cap == 0 or g[j] <= 1.0 / plain:
-        k, tok, t = 0, 1.0, plain
+    to, without its iterations), on plain floats: at batch 1 numpy's per-call cost is most of the
+    work and the policy's own cost shows most. The same operations in the same order as the array
+    form, so the same bits."""
+    K = surv.shape[1]
+    d = cost.drafters[0 if drafter is None else int(drafter[0])]
+    t_plain = cost.target
+    ctx0 = float(ctx[0])
+    plain = float(t_plain.predict(ctx0, 1.0, 1, 1)) + cost.overhead_ms
+    if cap <= 0:
+        return Choice(np.zeros(1, dtype=np.int64), 1.0, plain, plain)
+    if d.has_passes:
+        m = d.model
+        base = t_plain.b + m.b + m.a * float(d.draft_ctx(ctx[:1])[0])
+        mc = [base + m.a * j for j in range(K)]
+        if lag is not None:
+            mc[0] += m.b * float(lag[0])
     else:
-        k, tok, t = j + 1, float(tokens[j]), float(times[j])
+        mc = [t_plain.b] * K
+    p = surv[0].tolist()
+    depth, const = d.depth_ms, d.const_ms
+    sp = sm = 0.0
+    k, tok, t, best = 0, 1.0, plain, 1.0 / plain
+    first = None
+    for j in range(min(cap, K)):
+        sp += p[j]
+        sm += mc[j]
+        tokens = 1.0 + sp
+        times = plain + sm + depth * (j + 1) + const
+        g = tokens / times
+        if first is None or g > first:
+            first, k_at, tok_at, t_at = g, j + 1, tokens, times
+    if first > best:
+        k, tok, t = k_at, tok_at, t_at
     if k and (k > cons.free_kv_slots or 1 + k > cons.token_budget or (
             cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms()))):
         return admit_slots(cost, ctx, surv, np.array([cap]), cons, drafter, lag)
-    return Choice(np.array([k], dtype=np.int64), tok, t, plain, next_cost=mc[min(k, K - 1): min(k, K - 1) + 1].copy())
+    return Choice(np.array([k], dtype=np.int64), tok, t, plain, next_cost=np.array([mc[min(k, K - 1)]]))
 
 
 def confidence_cuts(cost: StepCostModel, ctx, choice: Choice, drafter=None) -> np.ndarray:

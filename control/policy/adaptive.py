@@ -98,6 +98,9 @@ class AdaptivePolicy(BasePolicy):
         # per slot, grown together in ``decide``: the k the last decision asked for, and the expected
         # tokens per step at the k the request has been given (NaN before its first decision)
         self._asked = np.zeros(64, dtype=I64)
+        # the decision before: its outcome may arrive after this step's decision (``OneStepStale``)
+        self._asked_prev = np.zeros(64, dtype=I64)
+        self._asked_step = self._asked_prev_step = -1
         self._pace = np.full(64, np.nan)
         self._cons_key: tuple | None = None
         self._cons = self.ctx.cons
@@ -137,7 +140,8 @@ class AdaptivePolicy(BasePolicy):
         pos = self.pos[i]
         pooled = pos.mean_rate
         prior = pooled if category is None else self.cat.rates(category, pooled)
-        return request_position_survival(self.req[i].mean(slots, prior), pos.rates, pooled, pos.odds)
+        rate = self.req[i].mean(slots, prior)  # (n,)
+        return request_position_survival(rate, pos.rates, pooled, pos.odds)
 
     @staticmethod
     def _uniform(d: np.ndarray) -> bool:
@@ -202,7 +206,11 @@ class AdaptivePolicy(BasePolicy):
         if view.n and int(view.slots.max()) >= self._asked.size:
             size = max(int(view.slots.max()) + 1, 2 * self._asked.size)
             self._asked = np.concatenate([self._asked, np.zeros(size - self._asked.size, dtype=I64)])
+            self._asked_prev = np.concatenate([self._asked_prev, np.zeros(size - self._asked_prev.size, dtype=I64)])
             self._pace = np.concatenate([self._pace, np.full(size - self._pace.size, np.nan)])
+        if view.step != self._asked_step:  # a new step: the last decision becomes the one before
+            self._asked, self._asked_prev = self._asked_prev, self._asked
+            self._asked_step, self._asked_prev_step = view.step, self._asked_step
         d = super().decide(view)
         if view.n:
             self._asked[view.slots] = d.k
@@ -226,7 +234,7 @@ class AdaptivePolicy(BasePolicy):
         w = self._residence_weights(view, pace, known)
         choice = admit_parametric(self.cost, view.ctx_lens, surv if w is None else surv * w[:, None], cap, cons,
                                   drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining) if lagged else lag,
-                                  g0=self._g, k0=self._asked[view.slots])
+                                  g0=self._g, k0=self._asked_prev[view.slots])
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
         per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)  # (n,) expected accepted
         if w is not None:  # report the prediction in plain tokens
@@ -501,7 +509,9 @@ class AdaptivePolicy(BasePolicy):
         its realised acceptance fell to 0.4 (predicted 5.0 accepted tokens at k = 8, realised 1.8).
         Stops the policy asked for (a confidence cut) are not rejections."""
         v = outcome.verified
-        asked = self._asked[outcome.slots] if outcome.slots.max(initial=-1) < self._asked.size else v
+        late = outcome.step == self._asked_prev_step and outcome.step != self._asked_step
+        asked_at = self._asked_prev if late else self._asked  # the decision of the outcome's step
+        asked = asked_at[outcome.slots] if outcome.slots.max(initial=-1) < asked_at.size else v
         short = stopped_short(asked, outcome.drafted, v, outcome.accepted) & (d_ctx >= 0)
         if not short.any():
             return v
