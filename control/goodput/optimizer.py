@@ -255,7 +255,8 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     if n == 0 or K == 0 or cap.max(initial=0) <= 0:
         return Choice(zero, float(n), plain, plain)
     jj = np.arange(K)
-    valid = jj < cap[:, None]
+    capped = int(cap.min()) < K
+    valid = jj < cap[:, None] if capped else None  # (n, K); None: every slot is within its request's cap
     # Marginal slot costs (n, K); per drafter group: rows, per-depth ms, per-step ms.
     mc = np.empty((n, K))
     if drafter is None or len(cost.drafters) == 1 or (drafter == drafter[0]).all():
@@ -273,13 +274,14 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
                 mc[sel, 0] += m.b * np.asarray(lag, dtype=np.float64)[sel]
         else:
             mc[sel] = t_plain.b
-    p = np.where(valid, surv, 0.0)
+    p = np.where(valid, surv, 0.0) if capped else surv
     g = n / plain if g0 is None or not g0 > 0 else float(g0)
     if len(groups) == 1 and isinstance(groups[0][1], slice):
         k, tokens, t = _dinkelbach_one_drafter(groups[0][0], p, mc, valid, plain, g, max_iter,
                                                None if k0 is None else np.minimum(k0, cap))
     else:
-        k, tokens, t = _dinkelbach_groups(groups, p, mc, valid, plain, g, max_iter)
+        k, tokens, t = _dinkelbach_groups(groups, p, mc, jj < cap[:, None] if valid is None else valid, plain, g,
+                                          max_iter)
     total = int(k.sum())
     if total > cons.free_kv_slots or n + total > cons.token_budget or (
             total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
@@ -288,14 +290,15 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     return Choice(k, tokens, t, plain, next_cost=nxt)
 
 
-def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray, plain: float, g: float,
+def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray | None, plain: float, g: float,
                             max_iter: int, k0: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
     """Dinkelbach's iterations for a batch on one drafter: (k, tokens, ms) of the best ratio.
 
     The prefix sums of survival and cost are taken once; an iteration at level g is then
     value(prefix) = P - g * M (no cumulative sum per iteration), and a choice's tokens and time are
-    one gather each. Same optimum as ``_dinkelbach_groups`` with one group. ``k0`` (within the
-    caps): start from the better of its ratio and plain decoding's instead of ``g``."""
+    one gather each. Same optimum as ``_dinkelbach_groups`` with one group. ``valid`` (n, K): the
+    slots within each request's cap (None: all). ``k0`` (within the caps): start from the better of
+    its ratio and plain decoding's instead of ``g``."""
     n, K = p.shape
     rows = np.arange(n)
     # (n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
@@ -304,7 +307,8 @@ def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray,
     pz, mz = pm[:, 1:, 0], pm[:, 1:, 1]
     np.cumsum(p, axis=1, out=pz)
     np.cumsum(mc, axis=1, out=mz)
-    mz[~valid] = np.inf
+    if valid is not None:
+        mz[~valid] = np.inf
     per_depth = d.depth_ms * np.arange(1, K + 1, dtype=np.float64) + d.const_ms  # (K,) drafting constants
     zero = np.zeros(n, dtype=np.int64)
     best = (zero, float(n), plain)

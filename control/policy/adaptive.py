@@ -233,7 +233,7 @@ class AdaptivePolicy(BasePolicy):
         known = np.isfinite(pace)
         w = self._residence_weights(view, pace, known)
         choice = admit_parametric(self.cost, view.ctx_lens, surv if w is None else surv * w[:, None], cap, cons,
-                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining) if lagged else lag,
+                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining) if lagged else None,
                                   g0=self._g, k0=self._asked_prev[view.slots])
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
         per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)  # (n,) expected accepted
