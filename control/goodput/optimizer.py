@@ -25,6 +25,8 @@ import numpy as np
 
 from control.goodput.stepcost import StepCostModel
 
+CONFIRM_TOL = 1e-12  # F(g) below this share of g * plain-step-ms confirms Dinkelbach's optimum
+
 
 @dataclass(frozen=True, slots=True)
 class Constraints:
@@ -315,14 +317,20 @@ def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray 
     if k0 is not None:
         k0_max = int(k0.max())
         sp, sm = pm[rows, k0].sum(axis=0)
-        g = max((n + float(sp)) / (plain + float(sm) + (d.depth_ms * k0_max + d.const_ms if k0_max > 0 else 0.0)),
-                n / plain)
+        t0 = plain + float(sm) + (d.depth_ms * k0_max + d.const_ms if k0_max > 0 else 0.0)
+        if (n + float(sp)) / t0 > n / plain:
+            best = (k0, n + float(sp), t0)
+        g = best[1] / best[2]
     for _ in range(max_iter):
         run = pz - g * mz  # (n, K): value of prefix length j + 1 (-inf past the cap)
         bp = np.maximum.accumulate(run, axis=1)  # best prefix within depth D = j + 1
         gain = np.maximum(bp, 0.0).sum(axis=0)  # (K,)
         value = gain - g * per_depth * (gain > 0)
         D = int(np.argmax(value))
+        if value[D] <= CONFIRM_TOL * g * plain and g == best[1] / best[2]:
+            # no choice beats the best one's ratio g by more than rounding: it is the optimum (the
+            # next iteration would only find it again)
+            break
         k, extra = zero, 0.0
         if value[D] > 0:
             k = np.where(bp[:, D] > 0, np.argmax(run[:, : D + 1], axis=1) + 1, 0)

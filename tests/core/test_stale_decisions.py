@@ -7,6 +7,7 @@ from control.policy import StepOutcome, StepView, build_policy
 from control.policy.stale import OneStepStale
 from tests.conftest import make_profile
 
+
 def _plan():
     # n-gram lookup: reports no confidences, so a draft that stops short of the k asked is a rejection
     return compile_plan(make_profile(), max_k=8, drafters=["ngram"])
