@@ -93,8 +93,10 @@ class PositionRates:
         self.set_prior(prior)
         self.prior_trials = prior_trials
         self.decay = decay
-        self.trials = np.zeros(max_k)
-        self.succ = np.zeros(max_k)
+        # (2, K): trials and successes per position, decayed; ``trials`` and ``succ`` are its rows
+        self._counts = np.zeros((2, max_k))
+        self.trials = self._counts[0]
+        self.succ = self._counts[1]
         self._pos = np.arange(max_k)
 
     def update(self, verified: np.ndarray, accepted: np.ndarray) -> None:
@@ -102,22 +104,20 @@ class PositionRates:
         if accepted.shape[0] == 1:  # one request: its trials and successes are prefixes of the positions
             acc = int(accepted[0])
             tried_one = min(acc + 1, int(np.asarray(verified)[0]))
-            self.trials *= self.decay
-            self.succ *= self.decay
+            self._counts *= self.decay
             self.trials[:tried_one] += 1.0
             self.succ[:acc] += 1.0
             self._cache = None
             return
+        K = self.max_k
         tried = np.minimum(accepted + 1, np.asarray(verified))
         # trials at position j = #requests that tried more than j positions: a reverse cumulative
-        # histogram (no (n, K) comparison matrix on the per-step path)
-        K = self.max_k
-        t = np.bincount(np.minimum(tried, K), minlength=K + 1)[::-1].cumsum()[::-1][1:]
-        s = np.bincount(np.minimum(accepted, K), minlength=K + 1)[::-1].cumsum()[::-1][1:]
-        self.trials *= self.decay
-        self.succ *= self.decay
-        self.trials += t
-        self.succ += s
+        # histogram (no (n, K) comparison matrix on the per-step path); successes likewise, both
+        # from one histogram over (tried, K + 1 + accepted)
+        hist = np.bincount(np.concatenate([np.minimum(tried, K), np.minimum(accepted, K) + (K + 1)]),
+                           minlength=2 * (K + 1)).reshape(2, K + 1)
+        self._counts *= self.decay
+        self._counts += hist[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
         self._cache = None
 
     def set_prior(self, prior) -> None:

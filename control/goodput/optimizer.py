@@ -325,7 +325,9 @@ def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray 
         run = pz - g * mz  # (n, K): value of prefix length j + 1 (-inf past the cap)
         bp = np.maximum.accumulate(run, axis=1)  # best prefix within depth D = j + 1
         gain = np.maximum(bp, 0.0).sum(axis=0)  # (K,)
-        value = gain - g * per_depth * (gain > 0)
+        # depths where no request gains cost their constants here, not 0 as in _dinkelbach_groups:
+        # the same argmax wherever some depth's value is positive, and no depth's otherwise
+        value = gain - g * per_depth
         D = int(np.argmax(value))
         if value[D] <= CONFIRM_TOL * g * plain and g == best[1] / best[2]:
             # no choice beats the best one's ratio g by more than rounding: it is the optimum (the

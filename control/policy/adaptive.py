@@ -499,7 +499,7 @@ class AdaptivePolicy(BasePolicy):
         return super().wants_draft_prefill(view) and self.gate.on
 
     # -- observe ---------------------------------------------------------------------------------
-    def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
+    def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray, uniform: bool) -> np.ndarray:
         """Draft tokens verified, plus the position where a drafter stopped short of the k asked.
 
         A drafter that drafts fewer than k on its own (an n-gram lookup without a long enough match)
@@ -507,8 +507,11 @@ class AdaptivePolicy(BasePolicy):
         rejection there. Counting only what was drafted made n-gram's per-position rates those of
         its long matches, and on the live CPU server adaptive drifted to n-gram with k up to 8 while
         its realised acceptance fell to 0.4 (predicted 5.0 accepted tokens at k = 8, realised 1.8).
-        Stops the policy asked for (a confidence cut) are not rejections."""
+        Stops the policy asked for (a confidence cut) are not rejections. (``uniform``: one drafter
+        for the whole step.)"""
         v = outcome.verified
+        if uniform and d_ctx[0] >= 0 and self.ctx.confidences[d_ctx[0]]:
+            return v  # a drafter with confidences stops short only where the policy's cut said so
         late = outcome.step == self._asked_prev_step and outcome.step != self._asked_step
         asked_at = self._asked_prev if late else self._asked  # the decision of the outcome's step
         asked = asked_at[outcome.slots] if outcome.slots.max(initial=-1) < asked_at.size else v
@@ -522,24 +525,25 @@ class AdaptivePolicy(BasePolicy):
         if outcome.n == 0:
             return
         d_ctx = self._to_ctx[outcome.drafter] if self._to_ctx.size else np.full(outcome.n, self.ctx.default, dtype=I64)
-        tried = self._tried(outcome, d_ctx)
+        uniform = self._uniform(d_ctx)
+        tried = self._tried(outcome, d_ctx, uniform)
         s, t = chain_trials(tried, outcome.accepted)
         spec = tried > 0
         if not spec.any():
-            self._refit(outcome, d_ctx, outcome.drafted > 0)
+            self._refit(outcome, d_ctx, outcome.drafted > 0, uniform)
             return
-        self._learn(outcome, d_ctx, tried, spec, s, t)
-        self._refit(outcome, d_ctx, outcome.drafted > 0)
+        self._learn(outcome, d_ctx, tried, spec, s, t, uniform)
+        self._refit(outcome, d_ctx, outcome.drafted > 0, uniform)
         if self.bandit is not None:
             mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
             if mine.any():
                 self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
 
     def _learn(self, outcome: StepOutcome, d_ctx: np.ndarray, tried: np.ndarray, spec: np.ndarray, s: np.ndarray,
-               t: np.ndarray) -> None:
+               t: np.ndarray, uniform: bool) -> None:
         """Update the acceptance estimators (per position, per request, per category, confidence
         calibration) with the requests that drafted (``spec``); ``s``, ``t``: their chain trials."""
-        if spec.all() and d_ctx[0] >= 0 and self._uniform(d_ctx):  # one known drafter, everyone drafted: no masks
+        if uniform and d_ctx[0] >= 0 and spec.all():  # one known drafter, everyone drafted: no masks
             i = int(d_ctx[0])
             self.pos[i].update(tried, outcome.accepted)
             self.req[i].ensure(int(outcome.slots.max()))
@@ -587,14 +591,14 @@ class AdaptivePolicy(BasePolicy):
                 share[sel] += d.draft_ms(outcome.ctx_lens[sel].astype(np.float64), outcome.drafted[sel]) / sel.sum()
         return (outcome.accepted + 1) / np.maximum(share, 1e-9)
 
-    def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
+    def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray, uniform: bool) -> None:
         self.loop.update(outcome.prev_loop_ms, outcome.prev_loop_requests)
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
             self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
                                    float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms,
                                    1.0, float(outcome.n))
-        used = self._drafters_in(d_ctx[spec])
+        used = d_ctx[:1] if uniform and spec.any() else self._drafters_in(d_ctx[spec])
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]
             if rls is not None:
