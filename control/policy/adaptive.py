@@ -202,7 +202,8 @@ class AdaptivePolicy(BasePolicy):
 
     def decide(self, view: StepView) -> Decision:
         """The base protocol, with the per-slot arrays grown first and the k asked of each slot
-        remembered (``_tried`` compares the draft to it)."""
+        remembered, this step's and the step's before (``_tried`` compares a draft to the k asked at
+        its own step, which is the one before when outcomes arrive a step late)."""
         if view.n and int(view.slots.max()) >= self._asked.size:
             size = max(int(view.slots.max()) + 1, 2 * self._asked.size)
             self._asked = np.concatenate([self._asked, np.zeros(size - self._asked.size, dtype=I64)])
