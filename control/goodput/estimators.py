@@ -136,9 +136,9 @@ class PositionRates:
         if self._cache is None:
             pt = self.prior_trials
             rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), 0.999)
-            s_all, t_all = float(self.succ.sum()), float(self.trials.sum())
+            t_all, s_all = self._counts.sum(axis=1).tolist()
             mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), 0.999)
-            c = np.clip(rates, 1e-6, 1 - 1e-6)
+            c = np.maximum(rates, 1e-6)  # clipped to (0, 1): the upper bound is already 0.999
             self._cache = (rates, mean, c / (1.0 - c), s_all, t_all)
         return self._cache
 

@@ -66,10 +66,11 @@ class AdaptivePolicy(BasePolicy):
         m = len(ctx.drafters)
         K = max(ctx.max_k, 1)
         self.K = K
+        slots = self._slot_rid.size  # per-slot arrays as long as the base's (grown together)
         self._pos_idx = np.arange(K)[None, :]  # draft positions, for masks over (n, K) arrays
         self._conf = [ConfidenceMap() for _ in range(m)]  # per drafter: running confidence -> survival
         self.pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(m)]
-        self.req = [RequestBeta(self._strength) for _ in range(m)]
+        self.req = [RequestBeta(self._strength, capacity=slots) for _ in range(m)]
         self.cat = CategoryRates(8)
         self.rls_target = RecursiveCost(ctx.cost.target)
         self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in ctx.cost.drafters]
@@ -97,11 +98,11 @@ class AdaptivePolicy(BasePolicy):
         self._fav = self._profile_favourite(ctx) if self._consolidate else -1
         # per slot, grown together in ``decide``: the k the last decision asked for, and the expected
         # tokens per step at the k the request has been given (NaN before its first decision)
-        self._asked = np.zeros(64, dtype=I64)
+        self._asked = np.zeros(slots, dtype=I64)
         # the decision before: its outcome may arrive after this step's decision (``OneStepStale``)
-        self._asked_prev = np.zeros(64, dtype=I64)
+        self._asked_prev = np.zeros(slots, dtype=I64)
         self._asked_step = self._asked_prev_step = -1
-        self._pace = np.full(64, np.nan)
+        self._pace = np.full(slots, np.nan)
         self._cons_key: tuple | None = None
         self._cons = self.ctx.cons
 
@@ -204,11 +205,6 @@ class AdaptivePolicy(BasePolicy):
         """The base protocol, with the per-slot arrays grown first and the k asked of each slot
         remembered, this step's and the step's before (``_tried`` compares a draft to the k asked at
         its own step, which is the one before when outcomes arrive a step late)."""
-        if view.n and int(view.slots.max()) >= self._asked.size:
-            size = max(int(view.slots.max()) + 1, 2 * self._asked.size)
-            self._asked = np.concatenate([self._asked, np.zeros(size - self._asked.size, dtype=I64)])
-            self._asked_prev = np.concatenate([self._asked_prev, np.zeros(size - self._asked_prev.size, dtype=I64)])
-            self._pace = np.concatenate([self._pace, np.full(size - self._pace.size, np.nan)])
         if view.step != self._asked_step:  # a new step: the last decision becomes the one before
             self._asked, self._asked_prev = self._asked_prev, self._asked
             self._asked_step, self._asked_prev_step = view.step, self._asked_step
@@ -216,6 +212,13 @@ class AdaptivePolicy(BasePolicy):
         if view.n:
             self._asked[view.slots] = d.k
         return d
+
+    def _grow_slots(self, size: int) -> None:
+        super()._grow_slots(size)
+        if size > self._asked.size:
+            self._asked = np.concatenate([self._asked, np.zeros(size - self._asked.size, dtype=I64)])
+            self._asked_prev = np.concatenate([self._asked_prev, np.zeros(size - self._asked_prev.size, dtype=I64)])
+            self._pace = np.concatenate([self._pace, np.full(size - self._pace.size, np.nan)])
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
         n = view.n

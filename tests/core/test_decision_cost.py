@@ -34,3 +34,30 @@ def test_same_decisions_as_recorded(recorded, policy, profile):
     for f in CLOSE:
         np.testing.assert_allclose(now[f], recorded[f"{policy}/{profile}/{f}"], rtol=1e-9, atol=1e-12,
                                    equal_nan=True, err_msg=f)
+
+
+def test_per_slot_state_grows_with_the_slots_and_survives_a_new_drafter_set():
+    from control.plan import compile_plan
+    from control.policy import StepOutcome, StepView, build_policy
+    from control.policy.base import PolicyContext
+    from tests.conftest import make_profile
+
+    prof = make_profile()
+    pol = build_policy("adaptive", compile_plan(prof, max_k=6), seed=1)
+    n = 150  # slots past the initial 64
+
+    def step(i):
+        v = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 500 + i),
+                           remaining=np.full(n, 100), drafters=("draft", "ngram"), max_k=6, free_kv_slots=10**6,
+                           token_budget=10**6, step=i)
+        d = pol.decide(v)
+        assert d.k.shape == (n,) and (d.k >= 0).all() and (d.k <= 6).all()
+        pol.observe(StepOutcome(slots=v.slots, request_ids=v.request_ids, drafter=d.drafter, ctx_lens=v.ctx_lens,
+                                drafted=d.k, verified=d.k, accepted=d.k // 2, verify_ms=10.0, step=i))
+        return d
+
+    step(0)
+    assert pol._asked.size >= n and pol._pace.size >= n and pol._slot_rid.size >= n
+    pol.update_context(PolicyContext.from_plan(compile_plan(prof, max_k=6, drafters=["draft"])))  # new drafter set
+    d = step(1)
+    assert np.isfinite(d.predicted_step_ms)
