@@ -253,11 +253,10 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
         return _admit_one(cost, ctx, surv, int(cap[0]), cons, drafter, lag)
     t_plain = cost.target
     plain = cost.plain_ms(ctx)
-    zero = np.zeros(n, dtype=np.int64)
-    if n == 0 or K == 0 or cap.max(initial=0) <= 0:
-        return Choice(zero, float(n), plain, plain)
+    capped = n == 0 or K == 0 or int(cap.min()) < K  # (every request uncapped at K: one reduction)
+    if n == 0 or K == 0 or (capped and cap.max() <= 0):
+        return Choice(np.zeros(n, dtype=np.int64), float(n), plain, plain)
     jj = np.arange(K)
-    capped = int(cap.min()) < K
     valid = jj < cap[:, None] if capped else None  # (n, K); None: every slot is within its request's cap
     # Marginal slot costs (n, K); per drafter group: rows, per-depth ms, per-step ms.
     mc = np.empty((n, K))
@@ -278,31 +277,34 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
             mc[sel] = t_plain.b
     p = np.where(valid, surv, 0.0) if capped else surv
     g = n / plain if g0 is None or not g0 > 0 else float(g0)
+    rows = np.arange(n)
     if len(groups) == 1 and isinstance(groups[0][1], slice):
         k, tokens, t = _dinkelbach_one_drafter(groups[0][0], p, mc, valid, plain, g, max_iter,
-                                               None if k0 is None else np.minimum(k0, cap))
+                                               None if k0 is None else np.minimum(k0, cap) if capped else k0, rows)
     else:
         k, tokens, t = _dinkelbach_groups(groups, p, mc, jj < cap[:, None] if valid is None else valid, plain, g,
                                           max_iter)
-    total = int(k.sum())
-    if total > cons.free_kv_slots or n + total > cons.token_budget or (
-            total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
-        return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
-    nxt = mc[np.arange(n), np.minimum(k, K - 1)]
+    if n * K > min(cons.free_kv_slots, cons.token_budget - n) or cons.slo_tpot_ms is not None:  # a limit may bind
+        total = int(k.sum())
+        if total > cons.free_kv_slots or n + total > cons.token_budget or (
+                total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
+            return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
+    nxt = mc[rows, np.minimum(k, K - 1)]
     return Choice(k, tokens, t, plain, next_cost=nxt)
 
 
 def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray | None, plain: float, g: float,
-                            max_iter: int, k0: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+                            max_iter: int, k0: np.ndarray | None = None,
+                            rows: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
     """Dinkelbach's iterations for a batch on one drafter: (k, tokens, ms) of the best ratio.
 
     The prefix sums of survival and cost are taken once; an iteration at level g is then
     value(prefix) = P - g * M (no cumulative sum per iteration), and a choice's tokens and time are
     one gather each. Same optimum as ``_dinkelbach_groups`` with one group. ``valid`` (n, K): the
     slots within each request's cap (None: all). ``k0`` (within the caps): start from the better of
-    its ratio and plain decoding's instead of ``g``."""
+    its ratio and plain decoding's instead of ``g``. ``rows``: ``np.arange(n)``, if the caller has it."""
     n, K = p.shape
-    rows = np.arange(n)
+    rows = np.arange(n) if rows is None else rows
     # (n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
     # reads both for a choice); the cost past a request's cap is infinite, so g > 0 never takes it
     pm = np.zeros((n, K + 1, 2))
