@@ -251,30 +251,13 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     n, K = surv.shape
     if n == 1 and K > 0 and cost.drafters:
         return _admit_one(cost, ctx, surv, int(cap[0]), cons, drafter, lag)
-    t_plain = cost.target
     plain = cost.plain_ms(ctx)
     capped = n == 0 or K == 0 or int(cap.min()) < K  # (every request uncapped at K: one reduction)
     if n == 0 or K == 0 or (capped and cap.max() <= 0):
         return Choice(np.zeros(n, dtype=np.int64), float(n), plain, plain)
     jj = np.arange(K)
     valid = jj < cap[:, None] if capped else None  # (n, K); None: every slot is within its request's cap
-    # Marginal slot costs (n, K); per drafter group: rows, per-depth ms, per-step ms.
-    mc = np.empty((n, K))
-    if drafter is None or len(cost.drafters) == 1 or (drafter == drafter[0]).all():
-        groups = [(cost.drafters[0 if drafter is None else int(drafter[0])], slice(None))] if cost.drafters else []
-    else:
-        groups = [(d, drafter == i) for i, d in enumerate(cost.drafters)]
-        groups = [(d, sel) for d, sel in groups if sel.any()]
-    if not groups:
-        mc.fill(t_plain.b)
-    for d, sel in groups:
-        if d.has_passes:
-            m = d.model
-            mc[sel] = (t_plain.b + m.b + m.a * d.draft_ctx(ctx[sel]))[:, None] + m.a * jj
-            if lag is not None:
-                mc[sel, 0] += m.b * np.asarray(lag, dtype=np.float64)[sel]
-        else:
-            mc[sel] = t_plain.b
+    mc, groups = _marginal_costs(cost, ctx, drafter, lag, jj)
     p = np.where(valid, surv, 0.0) if capped else surv
     g = n / plain if g0 is None or not g0 > 0 else float(g0)
     rows = np.arange(n)
@@ -291,6 +274,30 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
             return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
     nxt = mc[rows, np.minimum(k, K - 1)]
     return Choice(k, tokens, t, plain, next_cost=nxt)
+
+
+def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.ndarray) -> tuple[np.ndarray, list]:
+    """Marginal ms of each draft slot (n, K) without the per-depth and per-step constants, and the
+    drafter groups: (DrafterCost, rows) pairs, rows a slice when one drafter serves the batch."""
+    n, K = ctx.shape[0], jj.shape[0]
+    t_plain = cost.target
+    mc = np.empty((n, K))
+    if drafter is None or len(cost.drafters) == 1 or (drafter == drafter[0]).all():
+        groups = [(cost.drafters[0 if drafter is None else int(drafter[0])], slice(None))] if cost.drafters else []
+    else:
+        groups = [(d, drafter == i) for i, d in enumerate(cost.drafters)]
+        groups = [(d, sel) for d, sel in groups if sel.any()]
+    if not groups:
+        mc.fill(t_plain.b)
+    for d, sel in groups:
+        if d.has_passes:
+            m = d.model
+            mc[sel] = (t_plain.b + m.b + m.a * d.draft_ctx(ctx[sel]))[:, None] + m.a * jj
+            if lag is not None:
+                mc[sel, 0] += m.b * np.asarray(lag, dtype=np.float64)[sel]
+        else:
+            mc[sel] = t_plain.b
+    return mc, groups
 
 
 def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray | None, plain: float, g: float,
