@@ -192,6 +192,11 @@ class RequestBeta:
 
     def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """Slots are distinct within one step (one outcome per request)."""
+        if slots.shape[0] == 1:  # one request: two scalar adds instead of two gathers and scatters
+            j = int(slots[0])
+            self.s[j] += successes[0]
+            self.t[j] += trials[0]
+            return
         self.s[slots] += successes
         self.t[slots] += trials
 
@@ -253,6 +258,7 @@ class ConfidenceMap:
         self.n = np.full(bins, float(prior_tokens))
         self._ramp = 1e-9 * np.arange(bins)  # makes the monotone curve strictly increasing for interp
         self._curve: np.ndarray | None = None
+        self._ramped: np.ndarray | None = None
 
     def _bin(self, prod: np.ndarray) -> np.ndarray:
         x = (np.log10(np.maximum(prod, 1e-300)) - self.lo) * (self.bins / -self.lo)
@@ -272,6 +278,7 @@ class ConfidenceMap:
         """Survival per bin (bins in increasing confidence), non-decreasing."""
         if self._curve is None:
             self._curve = np.maximum.accumulate(self.hits / self.n)
+            self._ramped = self._curve + self._ramp
         return self._curve
 
     def survival(self, prod: np.ndarray) -> np.ndarray:
@@ -280,7 +287,8 @@ class ConfidenceMap:
     def raw_cut(self, cut: np.ndarray) -> np.ndarray:
         """The running confidence below which survival falls under ``cut`` (per request): 0 where
         even the least confident bin beats the cut (never stop), 1 where no bin reaches it."""
-        c = self.curve() + self._ramp
+        self.curve()
+        c = self._ramped  # the curve made strictly increasing, refreshed with the curve
         return np.power(10.0, np.interp(np.asarray(cut, dtype=np.float64), c, self.log_centers, left=-np.inf, right=0.0))
 
 

@@ -228,7 +228,7 @@ class AdaptivePolicy(BasePolicy):
             return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
                             prefill_draft=False)
         d_ctx, d_exec, lag, uniform = self._assign_drafters(view)
-        lagged = bool(lag.any())
+        lagged = bool(lag[0]) if n == 1 else bool(lag.any())
         if lagged:
             cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
         surv = self.survival(view, d_ctx, uniform)
@@ -309,7 +309,7 @@ class AdaptivePolicy(BasePolicy):
         # the executor compares the drafter's raw running confidence; the cut is in survival, so
         # map it through each drafter's measured survival per confidence
         if uniform and d_ctx[0] >= 0:
-            return self._conf[int(d_ctx[0])].raw_cut(np.clip(cuts, 0.0, 1.0))
+            return self._conf[int(d_ctx[0])].raw_cut(np.minimum(np.maximum(cuts, 0.0), 1.0))  # np.clip, cheaper
         conf_cut = np.zeros(d_ctx.shape[0])
         for i in self._drafters_in(d_ctx):
             if i >= 0 and self.ctx.confidences[i]:
@@ -482,6 +482,10 @@ class AdaptivePolicy(BasePolicy):
     def _note_pace(self, slots: np.ndarray, accepted: np.ndarray, old: np.ndarray, known: np.ndarray) -> None:
         """Smooth each request's expected tokens per step at the k just chosen (1 + its expected
         ``accepted`` draft tokens) into its pace (``old``, finite where ``known``)."""
+        if slots.shape[0] == 1:  # plain floats, same bits
+            now1, old1 = 1.0 + float(accepted[0]), float(old[0])
+            self._pace[int(slots[0])] = (PACE_SMOOTHING * old1 + (1.0 - PACE_SMOOTHING) * now1 if known[0] else now1)
+            return
         now = 1.0 + accepted
         smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now
         self._pace[slots] = smoothed if known.all() else np.where(known, smoothed, now)
@@ -550,7 +554,7 @@ class AdaptivePolicy(BasePolicy):
         if uniform and d_ctx[0] >= 0 and spec.all():  # one known drafter, everyone drafted: no masks
             i = int(d_ctx[0])
             self.pos[i].update(tried, outcome.accepted)
-            self.req[i].ensure(int(outcome.slots.max()))
+            self.req[i].ensure(int(outcome.slots[0] if outcome.n == 1 else outcome.slots.max()))
             self.req[i].update(outcome.slots, s, t)
         else:
             for i in range(len(self.ctx.drafters)):
@@ -600,7 +604,7 @@ class AdaptivePolicy(BasePolicy):
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
             self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
-                                   float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms,
+                                   float(outcome.verified.sum() + outcome.n) + outcome.prefill_tokens, outcome.verify_ms,
                                    1.0, float(outcome.n))
         used = d_ctx[:1] if uniform and spec.any() else self._drafters_in(d_ctx[spec])
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:

@@ -121,6 +121,9 @@ class BasePolicy:
     def caps(self, view: StepView) -> np.ndarray:
         if self.ctx.force_off or self.ctx.max_k <= 0:
             return np.zeros(view.n, dtype=I64)
+        if view.n == 1:  # plain ints
+            one = min(int(view.k_cap[0]), int(view.remaining[0]) - 1, self.ctx.max_k, view.max_k)
+            return np.array([max(one, 0)], dtype=I64)
         cap = np.minimum(np.minimum(view.k_cap, view.remaining - 1), min(self.ctx.max_k, view.max_k))
         return np.maximum(cap, 0)
 
