@@ -304,6 +304,9 @@ class AdaptivePolicy(BasePolicy):
         conf = self.ctx.confidences
         if not (conf[d_ctx[0]] if uniform else conf[d_ctx].any()):
             return None
+        if uniform and d_ctx.shape[0] == 1 and d_ctx[0] >= 0:  # batch 1 on plain floats (w is None there)
+            one = min(max(g_value * float(choice.next_cost[0]), 0.0), 1.0)
+            return self._conf[int(d_ctx[0])].raw_cut(np.array([one]))
         # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
         cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
         # the executor compares the drafter's raw running confidence; the cut is in survival, so
