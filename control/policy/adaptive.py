@@ -96,7 +96,7 @@ class AdaptivePolicy(BasePolicy):
         self._is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)
         self._consolidate = bool(self._is_model.sum() > 1 and not b.capacities)
         self._fav = self._profile_favourite(ctx) if self._consolidate else -1
-        # per slot, grown together in ``decide``: the k the last decision asked for, and the expected
+        # per slot, grown together (``_grow_slots``): the k the last decision asked for, and the expected
         # tokens per step at the k the request has been given (NaN before its first decision)
         self._asked = np.zeros(slots, dtype=I64)
         # the decision before: its outcome may arrive after this step's decision (``OneStepStale``)
