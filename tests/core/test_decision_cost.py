@@ -61,3 +61,20 @@ def test_per_slot_state_grows_with_the_slots_and_survives_a_new_drafter_set():
     pol.update_context(PolicyContext.from_plan(compile_plan(prof, max_k=6, drafters=["draft"])))  # new drafter set
     d = step(1)
     assert np.isfinite(d.predicted_step_ms)
+
+
+def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
+    """Each stage the benchmark names is a method or function adaptive still calls (a renamed stage
+    would silently time nothing)."""
+    import json
+
+    from benchmarks.decision_cost import STAGES, main
+
+    out = tmp_path / "dc.json"
+    assert main(["--batches", "4", "--policies", "adaptive", "--steps", "40", "--stages", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["share_pct"] > 0 and row["modelled_step_ms"] > 0
+    (stages,) = doc["stages"]
+    for name, _ in STAGES:
+        assert stages[name] > 0, name

@@ -75,3 +75,27 @@ def test_flush_delivers_the_last_outcome_and_the_wrapper_names_itself():
     assert stale.inner.pos[0].trials.sum() == 0.0
     stale.flush()
     assert stale.inner.pos[0].trials.sum() > 0.0
+
+
+def test_the_stale_benchmark_runs_both_variants_on_the_same_requests(tmp_path, capsys):
+    import json
+
+    from benchmarks.stale_decisions import main
+
+    out = tmp_path / "stale.json"
+    assert main(["--workload", "poisson:in=256,out=64", "--loads", "0.5", "--requests", "60", "--seeds", "1",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 1
+    fresh, stale = rows[0]["fresh"], rows[0]["stale"]
+    assert fresh["policy"] == "adaptive" and stale["policy"] == "adaptive+stale"
+    assert fresh["extra"]["completed"] == stale["extra"]["completed"] == 60
+    assert rows[0]["goodput_ratio"] == stale["goodput_tok_s"] / fresh["goodput_tok_s"]
+    assert "bar (within 1% of fresh)" in capsys.readouterr().out
+
+
+def test_the_stale_benchmark_names_a_missing_profile(capsys):
+    from benchmarks.stale_decisions import main
+
+    assert main(["--profile", "no/such/profile.yaml"]) == 2
+    assert "profile 'no/such/profile.yaml' not found" in capsys.readouterr().err
