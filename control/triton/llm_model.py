@@ -15,8 +15,9 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
 - The loop thread steps the executor whenever it has work and sleeps on a condition otherwise. Each
   step's new tokens go out through that request's response sender (text detokenised incrementally,
   never splitting a multi-byte character); a request whose client cancelled or went away is cancelled
-  in the executor before the next step, which frees its KV slot at once; an error in one request or
-  one step never takes the loop down.
+  in the executor before a step, which frees its KV slot at once: before each step a fixed number of
+  the running and of the queued requests are asked in turn (``CancelWatch``), so the loop's own work
+  per step does not grow with the queue; an error in one request or one step never takes the loop down.
 - A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
   agent follows, the last step's k) as JSON in ``text_output``.
 """
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from control.errors import ConfigError
+from control.triton.cancel_watch import CancelWatch
 from control.triton.llm_request import (
     ACCEPTED_OUTPUTS,
     DRAFTED_OUTPUTS,
@@ -324,6 +326,7 @@ class LlmModel(ResponseSender):
         self._stop = False
         self._last_k: list[int] = []
         self._k_hist = np.zeros(K_HIST, dtype=np.int64)  # request-steps by k
+        self._watch = CancelWatch()
         self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
         self._thread.start()
         if self.agent is not None:
@@ -388,6 +391,7 @@ class LlmModel(ResponseSender):
         with self._reg:
             rid = self.engine.add_request(req.prompt_ids, req.params)  # ConfigError: nothing is queued
             self.live[rid] = Live(rid, sender, req.stream, Detokenizer(self._decode), time.monotonic())
+            self._watch.add(rid)
             self.counters.requests += 1
         with self._cond:
             self._cond.notify()
@@ -432,9 +436,14 @@ class LlmModel(ResponseSender):
             for out in outs:
                 self._deliver(out)
             c.deliver_ms += (time.perf_counter() - t) * 1e3
+            self._watch.ran(out.request_id for out in outs if not out.finished)
 
     def _reap_cancelled(self) -> None:
-        for rid, live in list(self.live.items()):
+        """Cancel the requests whose client cancelled or went away, among those due to be asked."""
+        for rid in self._watch.due(self.live):
+            live = self.live.get(rid)
+            if live is None:
+                continue
             try:
                 gone = live.sender.is_cancelled()
             except Exception:
