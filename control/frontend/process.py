@@ -43,10 +43,9 @@ class FrontendProcess:
                 tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
                 raise SpecctlError(f"the front end exited with code {self.proc.returncode} while starting: "
                                    f"{' | '.join(tail)} (log: {self.log})")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as r:
-                    if r.status == 200:
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as r:
+                if r.status == 200:
+                    return
             time.sleep(0.1)
         self.stop()
         raise SpecctlError(f"the front end was not ready within {timeout_s:.0f} s (log: {self.log})")
