@@ -24,6 +24,7 @@ from pydantic import (
 
 MAX_STOP_WORDS = 4  # as OpenAI
 MAX_SEED = 2**63 - 1
+UNION_TAGS = frozenset({"int", "float", "str", "bool", "none"})
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
 
 
@@ -160,16 +161,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def _is_branch(part) -> bool:
+    """A union member's tag in a pydantic error location (``int``, ``list[str]``, ...), not a field name."""
+    return isinstance(part, str) and (part in UNION_TAGS or "[" in part)
+
+
 def validation_message(err) -> tuple[str, str | None]:
-    """(one line naming the first bad field and what is accepted, the field's name)."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()))
-    msg = first.get("msg", "invalid")
+    """(one line naming the first bad field, its value and what is accepted; the field's name)."""
+    errors = err.errors()
+    first = errors[0]
+    raw_loc = first.get("loc", ())
+    loc = ".".join(str(p) for p in raw_loc if not _is_branch(p))
+    shown = repr(first.get("input"))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
     if first.get("type") == "extra_forbidden":
         return f"{loc}: unknown field; see the OpenAI API reference for the accepted fields", loc
     if first.get("type") == "missing":
         return f"{loc} is required", loc
-    shown = repr(first.get("input"))
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    msg = msg.removeprefix("Value error, ")
+    if any(_is_branch(p) for p in raw_loc):
+        tags = [str(e["loc"][len(raw_loc) - 1]) for e in errors
+                if len(e.get("loc", ())) == len(raw_loc) and e["loc"][:len(raw_loc) - 1] == raw_loc[:-1]]
+        return f"{loc} = {shown}: wrong type; accepted: {' or '.join(dict.fromkeys(tags))}", loc
+    msg = first.get("msg", "invalid").removeprefix("Value error, ")
     return (f"{loc} = {shown}: {msg}" if loc else msg), (loc or None)
