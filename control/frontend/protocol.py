@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,7 @@ from pydantic import (
 
 MAX_STOP_WORDS = 4  # as OpenAI
 MAX_SEED = 2**63 - 1
+MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
 UNION_TAGS = frozenset({"int", "float", "str", "bool", "none"})
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
 
@@ -50,6 +51,7 @@ class StreamOptions(BaseModel):
 
 
 Number = StrictInt | StrictFloat
+TokenId = Annotated[StrictInt, Field(ge=0, le=MAX_TOKEN_ID)]
 
 
 class Sampling(BaseModel):
@@ -93,7 +95,7 @@ class Sampling(BaseModel):
 
 
 class CompletionRequest(Sampling):
-    prompt: StrictStr | list[StrictStr] | list[StrictInt]
+    prompt: StrictStr | list[StrictStr] | list[TokenId]
     echo: StrictBool = Field(default=False, description="only false is supported")
     logprobs: None = Field(default=None, description="not supported")
     best_of: StrictInt | None = Field(default=None, ge=1, le=1, description="only 1 is supported")

@@ -63,3 +63,22 @@ def test_kserve_through_the_proxy_equals_triton(frontend, deployment):
     assert streamed.token_ids == direct.token_ids and len(streamed.chunk_times) > 1
     bad = httpx.post(f"{frontend.url}{GENERATE}", json={"text_input": "x", "max_tokens": -1}, timeout=30)
     assert bad.status_code == 400 and "max_tokens" in bad.text
+
+
+def test_tritonclient_http_works_through_the_proxy(frontend, deployment):
+    import numpy as np
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+
+    via = th.InferenceServerClient(frontend.url.removeprefix("http://"))
+    direct = th.InferenceServerClient(deployment.http_url.removeprefix("http://"))
+    assert via.is_server_ready() and via.is_model_ready("llm")
+    assert via.get_model_metadata("llm")["inputs"] == direct.get_model_metadata("llm")["inputs"]
+    t = th.InferInput("text_input", [1], "BYTES")
+    t.set_data_from_numpy(np.array([b"import os\n"], dtype=object), binary_data=True)  # octet-stream body
+    errors = []
+    for client in (via, direct):
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("llm", [t])
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "decoupled" in errors[0]  # the same answer, passed through unchanged

@@ -110,6 +110,8 @@ def test_speculative_metrics_in_vllm_shape(oai, policy, stream):
     ({"model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
     ({"max_tokens": 100000}, 400, None, "max_tokens = 100000"),  # refused by the model's own limit
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, None, "at most 4"),
+    ({"prompt": [1, 2, 10**12]}, 400, "prompt", "prompt"),
+    ({"prompt": [1, 2, 100000]}, 400, None, "100000"),  # beyond the vocabulary: refused by the model
 ])
 def test_bad_requests_get_openai_errors(oai, kwargs, status, param, words):
     kw = {"model": "llm", "prompt": "x = 1", "max_tokens": 4, **kwargs}
