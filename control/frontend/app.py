@@ -10,6 +10,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from control.frontend import openai_routes, proxy
 from control.frontend.chat import ChatTemplate
@@ -56,6 +57,13 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, e: OpenAIError):
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):
+        msg = f"{request.method} {request.url.path}: {e.detail}"
+        if e.status_code == 404:
+            msg += "; the API is under /v1 (models, completions, chat/completions) and /v2 (KServe)"
+        return JSONResponse(OpenAIError(e.status_code, msg).body(), status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, e: RequestValidationError):

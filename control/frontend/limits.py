@@ -17,7 +17,6 @@ import numpy as np
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far below the 4 MB that crashed Triton 2.51
 DEFAULT_MAX_JSON_DEPTH = 32  # OpenAI and KServe bodies nest at most ~5 deep
 REFUSED_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
 _CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
@@ -68,7 +67,7 @@ class LimitsMiddleware:
         self.limits = limits
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+        if scope["type"] != "http":  # every method: a GET may carry a body too
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])

@@ -48,6 +48,15 @@ def test_deeply_nested_json_is_refused_and_triton_stays_up(frontend, deployment)
     assert_serving(frontend, deployment)
 
 
+def test_get_with_a_large_body_and_unknown_paths(frontend, deployment):
+    r = httpx.request("GET", f"{frontend.url}/v2/models/llm", content=b"x" * 2_000_000, timeout=30)
+    assert r.status_code == 413
+    for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405)):
+        r = httpx.request(method, f"{frontend.url}{path}", timeout=10)
+        assert r.status_code == status and path in r.json()["error"]["message"]
+    assert_serving(frontend, deployment)
+
+
 def test_multipart_is_refused(frontend, deployment):
     r = httpx.post(f"{frontend.url}{GENERATE}", files={"f": ("a.txt", b"hello")}, timeout=30)
     assert r.status_code == 415
