@@ -31,7 +31,7 @@ from control.errors import ConfigError, describe_validation_error
 from control.goodput.acceptance import chain_expected
 from control.goodput.optimizer import Constraints
 from control.goodput.stepcost import StepCostModel, uniform_step_ms
-from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
+from control.policyspec import MAX_K_LIMIT, parse_policy_spec
 from control.profile import Profile
 
 PLAN_SCHEMA = "specctl.plan/v1"

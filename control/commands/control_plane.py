@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from control.errors import ConfigError
     from control.plan import SLO
-    from control.policy.spec import check_policy_bounds, parse_policy_spec
+    from control.policyspec import check_policy_bounds, parse_policy_spec
     from control.profile import load_profile
     from control.service.server import bind, is_loopback, serve, url_of
     from control.service.state import ControlState, ServiceConfig

@@ -45,7 +45,7 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
 
 def deployment_config(args: argparse.Namespace):
     from control.errors import ConfigError
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
     from control.triton.deploy import DeploymentConfig
 
     spec = parse_policy_spec(args.policy)

@@ -23,7 +23,7 @@ def loads_list(text: str) -> list[float]:
 
 def policies_list(text: str) -> list[str]:
     from control.errors import ConfigError
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
 
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):

@@ -37,11 +37,11 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control import __version__
+from control.agent.wire import TelemetryBatch
 from control.errors import SpecctlError, describe_validation_error
 from control.plan import Plan
 from control.service.overrides import Overrides
 from control.service.state import ControlState
-from control.service.telemetry import TelemetryBatch
 
 log = logging.getLogger("specctl.service")
 

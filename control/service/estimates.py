@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from control.agent.wire import TelemetryBatch
 from control.goodput.cost import LinearCost
 from control.goodput.stepcost import DrafterKind
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT
 from control.profile import CostCoeffs, Profile
-from control.service.telemetry import TelemetryBatch
 
 RATE_MIN, RATE_MAX = 0.001, 0.995
 CV_MARGIN = 0.64  # a refit replaces the profile when its held-out squared error is below this share (0.8 in RMS)

@@ -12,7 +12,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from control.errors import ConfigError
-from control.policy.spec import ACCEPTED, MAX_K_LIMIT, parse_policy_spec
+from control.policyspec import ACCEPTED, MAX_K_LIMIT, parse_policy_spec
 from control.profile import Profile
 
 SERVICE_POLICIES = ACCEPTED.replace(", oracle (simulator only)", "")

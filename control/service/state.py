@@ -34,16 +34,16 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from control.agent.wire import K_BUCKETS, TelemetryBatch
 from control.errors import ConfigError, describe_validation_error
 from control.goodput.acceptance import chain_expected
 from control.goodput.optimizer import Constraints
 from control.goodput.stepcost import uniform_step_ms
 from control.plan import SLO, AcceptanceState, Plan, compile_plan, typical_ctx
-from control.policy.spec import MAX_K_LIMIT, check_policy_bounds
+from control.policyspec import MAX_K_LIMIT, check_policy_bounds
 from control.profile import Profile
 from control.service.estimates import AcceptanceTracker, CostRefit, ModelError
 from control.service.overrides import Overrides
-from control.service.telemetry import K_BUCKETS, TelemetryBatch
 
 STATE_SCHEMA = "specctl.service-state/v1"
 MIX_WINDOW_S = 60.0

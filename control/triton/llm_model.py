@@ -338,7 +338,7 @@ class LlmModel(ResponseSender):
         from control.executors.reference.calibrate import find_profile, quick_profile
         from control.executors.reference.engine import EngineConfig, PlainDecoding, ReferenceEngine
         from control.executors.reference.loader import load_engine_dir
-        from control.policy.spec import parse_policy_spec
+        from control.policyspec import parse_policy_spec
         from control.profile import load_profile
 
         self.loaded = loaded = load_engine_dir(p.engine_dir)

@@ -10,7 +10,7 @@ import pytest
 
 from control.errors import ConfigError
 from control.policy.registry import build_policy
-from control.policy.spec import MAX_BATCH_LIMIT, check_policy_bounds, parse_policy_spec
+from control.policyspec import MAX_BATCH_LIMIT, check_policy_bounds, parse_policy_spec
 from control.service.overrides import Overrides
 from tests.service.conftest import AUTH
 from tests.service.test_http import _telemetry
@@ -159,7 +159,7 @@ def test_the_agent_refuses_a_plan_beyond_its_executor_whole(profile):
 
 
 def test_plans_with_non_finite_numbers_are_refused_by_the_agent_link():
-    from control.service.client import strict_json
+    from control.agent.link import strict_json
 
     assert strict_json('{"a": 1.5, "b": [1, 2]}') == {"a": 1.5, "b": [1, 2]}
     for text in ('{"a": NaN}', '{"a": Infinity}', '{"a": -Infinity}', '{"a": 1e400}'):

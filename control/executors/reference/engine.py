@@ -55,8 +55,8 @@ from control.executors.reference.sampling import (
     verify_coupled,
     verify_greedy,
 )
-from control.policy.spec import MAX_K_LIMIT
 from control.policy.types import Decision, Policy, StepOutcome, StepView
+from control.policyspec import MAX_K_LIMIT
 
 I64 = np.int64
 UNSEEDED = 0x5EED  # third part of an unseeded request's noise key, so it never equals a seeded one's

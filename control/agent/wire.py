@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT
 
 TELEMETRY_SCHEMA = "specctl.telemetry/v1"
 MAX_SAMPLES = 4096  # step samples per document
