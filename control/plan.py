@@ -146,9 +146,6 @@ class KTable(BaseModel):
         bi, ci, ai = self._idx(batch, ctx, acc)
         return int(self.k[bi][ci][ai])
 
-    def cut(self, batch: int, ctx: int, acc: float) -> float:
-        bi, ci, ai = self._idx(batch, ctx, acc)
-        return float(self.conf_cut[bi][ci][ai])
 
 
 class Plan(BaseModel):

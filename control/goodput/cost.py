@@ -205,15 +205,6 @@ class RecursiveCost:
             self._abs_pct = w * self._abs_pct + (1 - w) * pct if self.n > 1 else pct
         return err
 
-    def update_many(self, n_ctx, n_batched, t_ms, passes=None, requests=None) -> None:
-        n_ctx = np.asarray(n_ctx, dtype=np.float64).ravel()
-        n_batched = np.asarray(n_batched, dtype=np.float64).ravel()
-        t = np.asarray(t_ms, dtype=np.float64).ravel()
-        p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
-        r = None if requests is None else np.asarray(requests, dtype=np.float64).ravel()
-        for i in range(t.size):
-            self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]), None if r is None else float(r[i]))
-
     def improves_on_prior(self, min_obs: int = 32, margin: float = 0.8) -> bool:
         """Whether the online fit has predicted the recent observations clearly better than the prior.
 

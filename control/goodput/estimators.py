@@ -57,26 +57,6 @@ class MovingWindow:
         return float(self._trials.sum())
 
 
-class EMA:
-    """Exponential moving average of per-step rates, weighted by trials."""
-
-    def __init__(self, beta: float = 0.9, prior: float = 0.6) -> None:
-        if not (0.0 <= beta < 1.0):
-            raise ConfigError(f"beta = {beta!r}: must be in [0, 1)")
-        self.beta = beta
-        self._s = prior
-        self._t = 1.0
-
-    def update(self, successes: float, trials: float) -> None:
-        if trials <= 0:
-            return
-        self._s = self.beta * self._s + (1 - self.beta) * successes
-        self._t = self.beta * self._t + (1 - self.beta) * trials
-
-    @property
-    def rate(self) -> float:
-        return float(min(self._s / self._t, 0.999))
-
 
 class PositionRates:
     """Conditional acceptance per draft position j = 1..K (acceptance falls along the draft).
