@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from control.errors import ConfigError
+from control.goodput.acceptance import DEFAULT_ACCEPTANCE, MAX_RATE
 
 
 def chain_trials(verified: np.ndarray, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -30,7 +31,7 @@ def _check_rate(name: str, v: float) -> float:
 class MovingWindow:
     """Global rate over the last ``window`` steps (SmartSpec's moving average)."""
 
-    def __init__(self, window: int = 64, prior: float = 0.6, prior_trials: float = 4.0) -> None:
+    def __init__(self, window: int = 64, prior: float = DEFAULT_ACCEPTANCE, prior_trials: float = 4.0) -> None:
         if window < 1:
             raise ConfigError(f"window = {window!r}: must be >= 1 step")
         self._succ = np.zeros(window)
@@ -50,7 +51,7 @@ class MovingWindow:
     def rate(self) -> float:
         s = self._succ.sum() + self.prior * self.prior_trials
         t = self._trials.sum() + self.prior_trials
-        return float(min(s / t, 0.999))
+        return float(min(s / t, MAX_RATE))
 
     @property
     def trials(self) -> float:
@@ -65,7 +66,7 @@ class PositionRates:
     starts from its prior (a scalar or one rate per position) worth ``prior_trials`` trials.
     """
 
-    def __init__(self, max_k: int, prior=0.6, prior_trials: float = 4.0, decay: float = 0.999) -> None:
+    def __init__(self, max_k: int, prior=DEFAULT_ACCEPTANCE, prior_trials: float = 4.0, decay: float = 0.999) -> None:
         if max_k < 1:
             raise ConfigError(f"max_k = {max_k!r}: must be >= 1")
         self.max_k = max_k
@@ -115,10 +116,10 @@ class PositionRates:
         only after an update."""
         if self._cache is None:
             pt = self.prior_trials
-            rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), 0.999)
+            rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), MAX_RATE)
             t_all, s_all = self._counts.sum(axis=1).tolist()
-            mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), 0.999)
-            c = np.maximum(rates, 1e-6)  # clipped to (0, 1): the upper bound is already 0.999
+            mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), MAX_RATE)
+            c = np.maximum(rates, 1e-6)  # clipped to (0, 1): the upper bound is already MAX_RATE
             self._cache = (rates, mean, c / (1.0 - c), s_all, t_all)
         return self._cache
 
@@ -183,8 +184,8 @@ class RequestBeta:
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
         if slots.shape[0] == 1 and np.ndim(prior) == 0:  # plain floats, same bits
             j = int(slots[0])
-            return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), 0.999)])
-        return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), 0.999)
+            return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), MAX_RATE)])
+        return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), MAX_RATE)
 
 
 class CategoryRates:
@@ -214,7 +215,7 @@ class CategoryRates:
         known = (category >= 0) & (category < self.succ.size)
         c = category[known]
         out[known] = (self.succ[c] + global_rate * self.prior_trials) / (self.trials[c] + self.prior_trials)
-        return np.minimum(out, 0.999)
+        return np.minimum(out, MAX_RATE)
 
 
 class ConfidenceMap:

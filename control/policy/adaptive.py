@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from control.goodput.acceptance import MAX_RATE
 from control.goodput.cost import RecursiveCost
 from control.goodput.estimators import (
     CategoryRates,
@@ -195,7 +196,7 @@ class AdaptivePolicy(BasePolicy):
         of request-steps at load 0.5)."""
         inv = self._inv_step_ms(view)
         for i in self._runnable():
-            r = min(self.pooled_rate(i), 0.999)
+            r = min(self.pooled_rate(i), MAX_RATE)
             g = (1.0 - r ** (self._kk + 1.0)) / (1.0 - r) * inv[i]
             if g[1:].max(initial=0.0) > g[0]:
                 return True
@@ -340,7 +341,7 @@ class AdaptivePolicy(BasePolicy):
         kk = np.arange(max(ctx.max_k, 1) + 1, dtype=np.float64)
         best, fav = -1.0, -1
         for i in np.flatnonzero(self._is_model):
-            r = min(float(ctx.prior_rate[i]), 0.999)
+            r = min(float(ctx.prior_rate[i]), MAX_RATE)
             g = float(np.max((1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(ctx.cost, n, S, kk, drafter=int(i))))
             if g > best:
                 best, fav = g, int(i)
@@ -387,7 +388,7 @@ class AdaptivePolicy(BasePolicy):
         # Beta(a, t - a) by its normal approximation (a Beta draw costs more than the rest together;
         # with >= PRIOR_TRIALS pseudo-trials the two are close where it matters)
         sd = np.sqrt(mean * (1.0 - mean) / (t + 1.0))
-        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, 0.999)
+        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)
         # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
         tokens = (1.0 - np.power.outer(rate, self._kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
         inv = self._inv_step_ms(view)

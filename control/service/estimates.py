@@ -22,6 +22,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from control.agent.wire import TelemetryBatch
+from control.goodput.acceptance import DEFAULT_ACCEPTANCE
 from control.goodput.cost import LinearCost
 from control.goodput.stepcost import DrafterKind
 from control.policyspec import MAX_K_LIMIT
@@ -36,7 +37,7 @@ class AcceptanceTracker:
         self.names = tuple(profile.drafter_names)
         self.index = {n: i for i, n in enumerate(self.names)}
         m, K = len(self.names), MAX_K_LIMIT
-        self.prior = np.array([profile.acceptance.get(n, 0.6) for n in self.names])
+        self.prior = np.array([profile.acceptance.get(n, DEFAULT_ACCEPTANCE) for n in self.names])
         self.prior_trials = float(prior_trials)
         self.halflife_s = float(halflife_s)
         self.trials = np.zeros((m, K))
