@@ -4,6 +4,7 @@ a ``specctl.telemetry/v1`` document (``control.agent.wire``) on the network thre
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,19 @@ def _segment_sums(x: np.ndarray, lens: np.ndarray) -> np.ndarray:
     cs = np.concatenate([[0], np.cumsum(x)])
     ends = np.cumsum(lens)
     return cs[ends] - cs[ends - lens]
+
+
+@dataclass(slots=True, frozen=True)
+class _Rows:
+    """A window's request-step columns (each [request_steps]); ``d``: the drafter, clipped to the window's."""
+
+    k: np.ndarray
+    d: np.ndarray
+    drafted: np.ndarray
+    verified: np.ndarray
+    accepted: np.ndarray
+    ctx: np.ndarray
+    spec: np.ndarray
 
 
 class TelemetryWindow:
@@ -116,37 +130,59 @@ class TelemetryWindow:
         ``known``: drafter names the service knows (the plan's profile); others are left out of the
         per-drafter statistics, so one unknown drafter does not get the whole window refused.
         """
-        m, top = self.m, K_BUCKETS - 1
-        R = self.req[:, : self.pos]
+        rows = self._clean_rows()
         S = self.step_rows[: self.steps]
-        k, drafter, drafted, verified, accepted, ctx = R
-        d = np.clip(drafter, 0, m - 1)
-        drafted = np.maximum(drafted, 0)
-        verified = np.clip(np.minimum(verified, drafted), 0, top)
-        accepted = np.clip(np.minimum(accepted, verified), 0, top)
-        spec = drafted > 0
         n_step = S[:, self.S_N].astype(np.int64)
-        spec_per_step = _segment_sums(spec, n_step)
+        spec_per_step = _segment_sums(rows.spec, n_step)
         times = S[:, [self.S_VERIFY, self.S_DRAFT, self.S_TOTAL]]
         ok_time = np.all(np.isfinite(times) & (times >= 0) & (times <= MAX_MS), axis=1)  # corrupt timings stay out
         total = np.where(ok_time, S[:, self.S_TOTAL], 0.0)
         pred = S[:, self.S_PRED]
         has_pred = np.isfinite(pred) & (pred >= 0) & (pred <= MAX_MS)
+        drafters, remap = self._drafter_stats(rows, known, short_rejects)
+        doc: dict[str, Any] = {
+            "schema": TELEMETRY_SCHEMA, "source": source, "seq": seq, "plan_version": plan_version, "plan_id": plan_id,
+            "window_s": max(self.closed_at - self.started, 1e-6), "steps": self.steps,
+            "spec_steps": int((spec_per_step > 0).sum()), "request_steps": self.pos, "ctx_tokens": int(rows.ctx.sum()),
+            "max_batch": int(n_step.max(initial=0)),
+            "finished": int(S[:, self.S_FINISHED].sum()) + self.extra_finished,
+            "k_hist": np.bincount(np.clip(rows.k, 0, K_BUCKETS - 1), minlength=K_BUCKETS).tolist(),
+            "measured_ms_sum": float(total.sum()), "predicted_steps": int(has_pred.sum()),
+            "predicted_ms_sum": float(pred[has_pred].sum()), "predicted_measured_ms_sum": float(total[has_pred].sum()),
+            "drafters": drafters, "dropped_windows": dropped_windows, "dropped_steps": dropped_steps,
+        }
+        samples = self._samples(rows, S, n_step, ok_time, has_pred, spec_per_step, remap)
+        if samples is not None:
+            doc["samples"] = samples
+        return doc
 
+    def _clean_rows(self) -> _Rows:
+        """The window's request-step columns, clipped to what can be true (accepted <= verified <= drafted)."""
+        top = K_BUCKETS - 1
+        k, drafter, drafted, verified, accepted, ctx = self.req[:, : self.pos]
+        drafted = np.maximum(drafted, 0)
+        verified = np.clip(np.minimum(verified, drafted), 0, top)
+        accepted = np.clip(np.minimum(accepted, verified), 0, top)
+        return _Rows(k, np.clip(drafter, 0, self.m - 1), drafted, verified, accepted, ctx, drafted > 0)
+
+    def _drafter_stats(self, r: _Rows, known: set[str] | None,
+                       short_rejects: set[str] | None) -> tuple[list[dict[str, Any]], dict[int, int]]:
+        """Per-drafter counts and chain trials per position; ``remap``: window drafter -> index in the list."""
+        m, top = self.m, K_BUCKETS - 1
         # Chain trials per (drafter, position): requests whose chain evaluated more than j positions.
         size = m * K_BUCKETS
-        base = d * K_BUCKETS
-        tried_len = np.where(spec, np.minimum(accepted + 1, verified), 0)
+        base = r.d * K_BUCKETS
+        tried_len = np.where(r.spec, np.minimum(r.accepted + 1, r.verified), 0)
         if short_rejects:
             rejects = np.array([name in short_rejects for name in self.drafters] or [False])
-            short = rejects[d] & stopped_short(np.clip(k, 0, top), drafted, verified, accepted)
-            tried_len = np.where(short, np.minimum(verified + 1, top), tried_len)
-        tried = np.bincount(base + tried_len, minlength=size).reshape(m, K_BUCKETS)
-        acc = np.bincount(base + np.where(spec, accepted, 0), minlength=size).reshape(m, K_BUCKETS)
-        trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[0]
+            short = rejects[r.d] & stopped_short(np.clip(r.k, 0, top), r.drafted, r.verified, r.accepted)
+            tried_len = np.where(short, np.minimum(r.verified + 1, top), tried_len)
+        tried = np.bincount(base + tried_len, minlength=size).reshape(m, K_BUCKETS)  # [m, K_BUCKETS]
+        acc = np.bincount(base + np.where(r.spec, r.accepted, 0), minlength=size).reshape(m, K_BUCKETS)
+        trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[0]  # [m, K_BUCKETS - 1]
         acc_pos = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[1]
-        tok = np.stack([np.bincount(d, weights=w, minlength=m) for w in (spec, drafted * spec, verified * spec,
-                                                                        accepted * spec)]).astype(np.int64)
+        tok = np.stack([np.bincount(r.d, weights=w, minlength=m) for w in (
+            r.spec, r.drafted * r.spec, r.verified * r.spec, r.accepted * r.spec)]).astype(np.int64)  # [4, m]
         tok += self.extra_tok
         drafters, remap = [], {}
         for i, name in enumerate(self.drafters):
@@ -159,47 +195,40 @@ class TelemetryWindow:
                 "accepted": int(tok[3, i]), "position_trials": trials[i, :last].tolist(),
                 "position_accepted": acc_pos[i, :last].tolist(),
             })
-        doc: dict[str, Any] = {
-            "schema": TELEMETRY_SCHEMA, "source": source, "seq": seq, "plan_version": plan_version, "plan_id": plan_id,
-            "window_s": max(self.closed_at - self.started, 1e-6), "steps": self.steps,
-            "spec_steps": int((spec_per_step > 0).sum()), "request_steps": self.pos, "ctx_tokens": int(ctx.sum()),
-            "max_batch": int(n_step.max(initial=0)),
-            "finished": int(S[:, self.S_FINISHED].sum()) + self.extra_finished,
-            "k_hist": np.bincount(np.clip(k, 0, top), minlength=K_BUCKETS).tolist(),
-            "measured_ms_sum": float(total.sum()), "predicted_steps": int(has_pred.sum()),
-            "predicted_ms_sum": float(pred[has_pred].sum()), "predicted_measured_ms_sum": float(total[has_pred].sum()),
-            "drafters": drafters, "dropped_windows": dropped_windows, "dropped_steps": dropped_steps,
-        }
-        # A uniform random sample of the steps with sound timings, with the cost model's features.
+        return drafters, remap
+
+    def _samples(self, r: _Rows, S: np.ndarray, n_step: np.ndarray, ok_time: np.ndarray, has_pred: np.ndarray,
+                 spec_per_step: np.ndarray, remap: dict[int, int]) -> dict[str, list] | None:
+        """A uniform random sample of the steps with sound timings, with the cost model's features."""
         idx = np.flatnonzero(ok_time)
         if idx.size > self.max_samples:
             idx = np.sort(np.asarray(self.rng.sample(range(idx.size), self.max_samples)))
             idx = np.flatnonzero(ok_time)[idx]
-        if idx.size:
-            lens = n_step[idx]
-            first = np.cumsum(n_step)[idx] - lens
-            rows = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))  # their request-steps
+        if not idx.size:
+            return None
+        lens = n_step[idx]
+        first = np.cumsum(n_step)[idx] - lens
+        rows = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))  # their request-steps
 
-            def per_step(x: np.ndarray) -> np.ndarray:
-                return _segment_sums(x[rows], lens)
+        def per_step(x: np.ndarray) -> np.ndarray:
+            return _segment_sums(x[rows], lens)
 
-            spec_d = {j: per_step(spec & (d == j)) for j in remap}
-            n_spec = spec_per_step[idx]
-            used = np.full(idx.size, -1, dtype=np.int64)
-            for j, out in remap.items():
-                used[(n_spec > 0) & (spec_d[j] == n_spec)] = out
-            s = S[idx]
-            doc["samples"] = {
-                "batch": lens.tolist(), "ctx_tokens": per_step(ctx).tolist(),
-                "verify_tokens": (per_step(verified * spec) + lens).tolist(),
-                "verify_ms": s[:, self.S_VERIFY].tolist(), "draft_ms": s[:, self.S_DRAFT].tolist(),
-                "total_ms": s[:, self.S_TOTAL].tolist(),
-                "predicted_ms": [v if has else None for v, has in zip(s[:, self.S_PRED].tolist(), has_pred[idx].tolist(),
-                                                                     strict=True)],
-                "draft_passes": s[:, self.S_PASSES].astype(np.int64).tolist(),
-                "draft_ctx_tokens": s[:, self.S_DCTX].astype(np.int64).tolist(),
-                "draft_batched_tokens": s[:, self.S_DBATCH].astype(np.int64).tolist(),
-                "drafter": used.tolist(), "drafted": per_step(drafted).tolist(),
-                "accepted": per_step(accepted * spec).tolist(),
-            }
-        return doc
+        spec_d = {j: per_step(r.spec & (r.d == j)) for j in remap}
+        n_spec = spec_per_step[idx]
+        used = np.full(idx.size, -1, dtype=np.int64)
+        for j, out in remap.items():
+            used[(n_spec > 0) & (spec_d[j] == n_spec)] = out
+        s = S[idx]
+        return {
+            "batch": lens.tolist(), "ctx_tokens": per_step(r.ctx).tolist(),
+            "verify_tokens": (per_step(r.verified * r.spec) + lens).tolist(),
+            "verify_ms": s[:, self.S_VERIFY].tolist(), "draft_ms": s[:, self.S_DRAFT].tolist(),
+            "total_ms": s[:, self.S_TOTAL].tolist(),
+            "predicted_ms": [v if has else None for v, has in zip(s[:, self.S_PRED].tolist(), has_pred[idx].tolist(),
+                                                                 strict=True)],
+            "draft_passes": s[:, self.S_PASSES].astype(np.int64).tolist(),
+            "draft_ctx_tokens": s[:, self.S_DCTX].astype(np.int64).tolist(),
+            "draft_batched_tokens": s[:, self.S_DBATCH].astype(np.int64).tolist(),
+            "drafter": used.tolist(), "drafted": per_step(r.drafted).tolist(),
+            "accepted": per_step(r.accepted * r.spec).tolist(),
+        }
