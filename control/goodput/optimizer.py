@@ -234,17 +234,14 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
                      g0: float | None = None, max_iter: int = 6, k0: np.ndarray | None = None) -> Choice:
     """Request-level optimum by Dinkelbach's method, warm-started from a previous goodput ``g0``.
 
-    For a goodput level G the best slot set maximises sum(p - G * marginal cost) - G * (per-depth and
-    per-step drafting constants). That separates by drafter, and for a drafter's maximum depth D by
-    request (each takes its best prefix within D), so a cumulative sum over an (n, K) array and a scan
-    over D per drafter solve it exactly. Iterating G <- tokens / time of the chosen set (Dinkelbach)
-    converges to the best ratio, usually in one pass when G comes from the previous step. With one
-    drafter for the batch, ``k0`` (e.g. the draft lengths of the previous step, clipped to ``cap``)
-    starts it from the ratio of that choice instead: a lower bound, so where that choice is still
-    the best one pass confirms it (from ``g0`` it takes two). KV-slot,
-    token-budget and SLO limits are checked on the result; if one binds, the constrained scan
-    ``admit_slots`` decides instead. The returned ``next_cost`` (marginal ms of each request's next
-    draft token) gives the confidence cuts: one more token of survival p pays iff p > goodput * cost.
+    For a goodput level G the best slot set maximises sum(p - G * marginal cost) - G * (drafting
+    constants); that separates by drafter and, for a drafter's maximum depth D, by request (its best
+    prefix within D), so prefix sums over an (n, K) array and a scan over D solve it exactly.
+    Iterating G <- tokens / time of the chosen set converges to the best ratio, usually in one pass.
+    ``k0`` (one drafter; e.g. last step's k within ``cap``) starts from that choice's ratio instead.
+    KV-slot, token-budget and SLO limits are checked on the result; if one binds, ``admit_slots``
+    decides. ``next_cost`` (marginal ms of each request's next draft token) gives the confidence
+    cuts: one more token of survival p pays iff p > goodput * cost.
     """
     ctx = np.asarray(ctx, dtype=np.float64)
     cap = np.asarray(cap, dtype=np.int64)
