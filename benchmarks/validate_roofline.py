@@ -44,7 +44,8 @@ def rows(turbospec_ctx: int = 128):
     plain = float(st.target_ms(B, S))
     spec = float(st.target_ms(B, S, 3) + 2 * st.draft_ms(B, S))
     plain_p = linear(prof, "target", B * S, B)
-    spec_p = linear(prof, "target", B * S, 3 * B) + linear(prof, "llama-160m", 2 * B * S + B, 2 * B, 2)
+    # vLLM verifies by batch expansion: each of the 3 scored tokens reads the request's KV (ctx + offset)
+    spec_p = linear(prof, "target", B * (3 * S + 3), 3 * B) + linear(prof, "llama-160m", 2 * B * S + B, 2 * B, 2)
     lo = float(st.target_ms(B, 0))
     hi = float(st.target_ms(B, 512))
     out.append(("TurboSpec Fig. 2", f"H100, Llama-2-7B, vLLM, B=50, ctx {S} (assumed), k=0", 7.4, plain, plain_p,

@@ -42,6 +42,7 @@ class SimSetup:
     acceptance_overrides: dict[str, float] | None = None
     max_batch: int | None = None
     table: AcceptanceTable | None = None  # default: control/bench/data/acceptance.yaml
+    verify_expansion: bool | None = None  # default: what the profile's framework records (roofline profiles)
 
     def __post_init__(self) -> None:
         names = self.drafters or self.profile.drafter_names
@@ -81,7 +82,17 @@ class SimSetup:
         lim = self.profile.limits
         return SimConfig(max_batch=self.max_batch or lim.max_batch, kv_tokens=lim.kv_tokens or (1 << 40),
                          token_budget=lim.token_budget or 8192, max_k=self.max_k,
-                         chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed)
+                         chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed,
+                         verify_expansion=self.expands_verify)
+
+    @property
+    def expands_verify(self) -> bool:
+        """Whether the simulated engine verifies by batch expansion: set explicitly, or as the framework
+        a roofline profile was built for records it."""
+        if self.verify_expansion is not None:
+            return self.verify_expansion
+        fw = self.profile.environment.get("framework")
+        return bool(fw.get("verify_expansion", False)) if isinstance(fw, dict) else False
 
 
 def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int):
@@ -234,3 +245,18 @@ def _run_jobs(setup, jobs, capacity, requests, workers, progress):
                 load, seed, pol = jobs[i]
                 progress(f"{i + 1}/{len(jobs)} {pol} load {load:g} seed {seed}")
         return out
+
+
+def crossover_rate(rates: list[float], speedup: list[float]) -> float | None:
+    """The first rate at which ``speedup`` (no-speculation latency / speculative latency) falls to 1
+    or below, interpolated linearly between neighbouring rates; None if it stays above 1."""
+    if len(rates) != len(speedup):
+        raise ConfigError(f"{len(rates)} rates for {len(speedup)} speedups")
+    if speedup and speedup[0] <= 1.0:
+        return float(rates[0])
+    for i in range(1, len(rates)):
+        s0, s1 = speedup[i - 1], speedup[i]
+        if s0 > 1.0 >= s1:
+            r0, r1 = rates[i - 1], rates[i]
+            return float(r0 + (s0 - 1.0) * (r1 - r0) / (s0 - s1))
+    return None

@@ -51,6 +51,9 @@ class Framework:
     layer_overhead_us: per layer per pass (kernel launches CUDA graphs do not hide, small-kernel tails).
     allreduce_latency_us: latency of one tensor-parallel all-reduce of a small message.
     attention_efficiency: share of the bandwidth ceiling decode attention reaches on the KV cache.
+    verify_expansion: the verification pass scores k + 1 tokens per request by batch expansion (each
+        request becomes k + 1 single-token sequences, each reading its own copy of the request's KV),
+        instead of one multi-token query over the KV read once.
     """
 
     name: str
@@ -59,6 +62,7 @@ class Framework:
     allreduce_latency_us: float
     attention_efficiency: float
     note: str = ""
+    verify_expansion: bool = False
 
 
 # Values are engineering estimates for each stack, written down once and used for every SKU and
@@ -68,8 +72,13 @@ FRAMEWORKS: dict[str, Framework] = {
     for f in (
         Framework("trtllm", 0.25, 2.0, 8.0, 0.85,
                   "TensorRT-LLM C++ executor with CUDA graphs and its custom one-shot/two-shot all-reduce"),
+        # vLLM's speculative decoding of 2024 (the versions SmartSpec and TurboSpec ran on) scored
+        # proposals with BatchExpansionTop1Scorer (vllm/spec_decode/batch_expansion.py: "converts a
+        # list of sequences and multiple query positions to a new batch of sequences, each with a
+        # single query position ... strictly less efficient than MQA scoring").
         Framework("vllm", 0.8, 3.0, 15.0, 0.80,
-                  "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce)"),
+                  "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce; "
+                  "speculative verification by batch expansion)", verify_expansion=True),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )
@@ -396,8 +405,13 @@ class StepTimes:
             self._rd = Roofline(gpu, ModelCost.of(get_model(self.draft), 1), fw, ceil)
 
     def target_ms(self, batch, ctx, tokens_per_request=1):
-        return self._rf.forward_ms(np.asarray(batch) * np.asarray(ctx), np.asarray(batch) * tokens_per_request,
-                                   tokens_per_request)
+        """One target pass computing ``tokens_per_request`` tokens for each of ``batch`` requests; with
+        batch expansion each of the t tokens reads its own copy of the request's KV (ctx + its offset)."""
+        t = np.asarray(tokens_per_request, dtype=np.float64)
+        per_req = np.asarray(ctx, dtype=np.float64)
+        if self._rf.framework.verify_expansion:
+            per_req = per_req * t + t * (t - 1) / 2
+        return self._rf.forward_ms(np.asarray(batch) * per_req, np.asarray(batch) * t, t)
 
     def draft_ms(self, batch, ctx):
         if self._rd is None:

@@ -21,7 +21,9 @@ tokens it generated. The draft prefill of new prompts runs when the policy's lat
 for it (``Decision.prefill_draft``), for every drafter that keeps state.
 
 Times: T_fwd from the profile's linear models (target: one verify pass over sum ctx and
-sum (k + 1) tokens plus any prefill tokens; drafts: one pass per draft depth), optionally multiplied
+sum (k + 1) tokens plus any prefill tokens, where an engine that verifies by batch expansion
+(``SimConfig.verify_expansion``, vLLM's scorer of 2024) reads each request's KV once per verified
+token as well; drafts: one pass per draft depth), optionally multiplied
 by lognormal noise whose spread is the fit's mean absolute error. Acceptance comes from
 ``AcceptanceProcess``; with a fixed seed the whole run is deterministic.
 """
@@ -53,6 +55,7 @@ class SimConfig:
     noise: bool = False
     seed: int = 0
     record_series: bool = True
+    verify_expansion: bool = False  # verification by batch expansion: k + 1 KV reads per request
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_tokens", "token_budget"):
@@ -356,8 +359,11 @@ class SimEngine:
                         chunk_len[-1] -= over
                     chunk_prior = int(s_pref[chunk_slots].sum())
             ch_tok = int(chunk_len.sum())
-            t_verify = tgt.predict(float(ctx.sum()) + chunk_prior, float(n + vsum + ch_tok), 1,
-                                   n + chunk_slots.size) + cost.overhead_ms
+            v_ctx = float(ctx.sum()) + chunk_prior
+            if cfg.verify_expansion and vsum:
+                # each verified token is its own sequence over the request's KV up to its position
+                v_ctx += float((verified * ctx).sum() + (verified * (verified + 1)).sum() / 2)
+            t_verify = tgt.predict(v_ctx, float(n + vsum + ch_tok), 1, n + chunk_slots.size) + cost.overhead_ms
             t_verify = self._noisy(t_verify, self._sigma_t)
             t_pref_draft = self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft) if ch_tok else 0.0
             t_total = t_draft + t_verify + t_pref_draft
