@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from control.bench.acceptance import AcceptanceTable  # noqa: E402
 from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_at  # noqa: E402
 from control.bench.workloads import poisson  # noqa: E402
-from control.buildsys.roofline import roofline_profile  # noqa: E402
+from control.buildsys.roofline import Framework, roofline_profile, scaled_framework  # noqa: E402
 
 CONFIGS = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7")
 LABELS = ("Org", "k=1", "k=3", "k=5", "k=7")
@@ -98,13 +98,14 @@ TABLE = AcceptanceTable({
 })
 
 
-def simulate(row: Row, requests: int, seeds: int, framework: str = "vllm") -> dict[str, list[float]]:
+def simulate(row: Row, requests: int, seeds: int, framework: Framework,
+             expansion: bool | None = None) -> dict[str, list[float]]:
     """Mean request latency (s) of every configuration at each of the row's QPS."""
     prof = roofline_profile(row.sku, row.target, [row.draft], tp=row.tp, framework=framework)
     base = poisson(requests, 1.0, f"lognormal:{row.prompt[0]}:{row.prompt[1]}",
                    f"lognormal:{row.output[0]}:{row.output[1]}", seed=0)
     setup = SimSetup(prof, base, max_k=8, table=TABLE, max_batch=256,
-                     acceptance_overrides={row.draft: row.acceptance})
+                     acceptance_overrides={row.draft: row.acceptance}, verify_expansion=expansion)
     out: dict[str, list[float]] = {lab: [] for lab in LABELS}
     for q in row.qps:
         for lab, pol in zip(LABELS, CONFIGS, strict=True):
@@ -189,7 +190,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--framework", default="vllm")
+    ap.add_argument("--host-scale", type=float, default=1.0,
+                    help="multiply the framework's host time per sequence and per token (sensitivity)")
     ap.add_argument("--rows", default=",".join(r.key for r in ROWS))
+    ap.add_argument("--verify", choices=("framework", "expansion", "mqa"), default="framework",
+                    help="verification as the framework does it (vLLM: batch expansion), or forced either way")
     ap.add_argument("--json")
     args = ap.parse_args()
     want = args.rows.split(",")
@@ -200,7 +205,8 @@ def main() -> None:
     for row in ROWS:
         if row.key not in want:
             continue
-        sim = simulate(row, args.requests, args.seeds, args.framework)
+        expansion = {"framework": None, "expansion": True, "mqa": False}[args.verify]
+        sim = simulate(row, args.requests, args.seeds, scaled_framework(args.framework, args.host_scale), expansion)
         cmp = compare(row, sim)
         results.append((row, sim, cmp))
         print(f"{row.key}: crossover paper {cmp['crossover_paper']} sim {cmp['crossover_sim']}", flush=True)

@@ -83,7 +83,13 @@ class SimSetup:
         return SimConfig(max_batch=self.max_batch or lim.max_batch, kv_tokens=lim.kv_tokens or (1 << 40),
                          token_budget=lim.token_budget or 8192, max_k=self.max_k,
                          chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed,
-                         verify_expansion=self.expands_verify)
+                         verify_expansion=self.expands_verify, host_token_ms=self.host_token_ms)
+
+    @property
+    def host_token_ms(self) -> float:
+        """Host time per generated token of the framework a roofline profile was built for (0 otherwise)."""
+        fw = self.profile.environment.get("framework")
+        return float(fw.get("host_token_us", 0.0)) / 1000.0 if isinstance(fw, dict) else 0.0
 
     @property
     def expands_verify(self) -> bool:

@@ -27,7 +27,7 @@ into a normal profile (``source: roofline``) whose ``environment`` records how i
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import nnls
@@ -54,6 +54,10 @@ class Framework:
     verify_expansion: the verification pass scores k + 1 tokens per request by batch expansion (each
         request becomes k + 1 single-token sequences, each reading its own copy of the request's KV),
         instead of one multi-token query over the KV read once.
+    host_seq_us: host time per sequence in a target pass (scheduling, input preparation), serial
+        with the GPU; with batch expansion every expanded sequence counts. Becomes the target's
+        per-request term ``d``.
+    host_token_us: host time per generated token (output processing, detokenisation, streaming).
     """
 
     name: str
@@ -63,7 +67,12 @@ class Framework:
     attention_efficiency: float
     note: str = ""
     verify_expansion: bool = False
+    host_seq_us: float = 0.0
+    host_token_us: float = 0.0
 
+
+VLLM_HOST_SEQ_US = 35.0
+VLLM_HOST_TOKEN_US = 40.0
 
 # Values are engineering estimates for each stack, written down once and used for every SKU and
 # model; docs/validation.md shows how far they are from published measurements.
@@ -76,19 +85,44 @@ FRAMEWORKS: dict[str, Framework] = {
         # proposals with BatchExpansionTop1Scorer (vllm/spec_decode/batch_expansion.py: "converts a
         # list of sequences and multiple query positions to a new batch of sequences, each with a
         # single query position ... strictly less efficient than MQA scoring").
+        # Host time: vLLM's profile of v0.5.3 (Llama-3-8B, one H100, ShareGPT; blog.vllm.ai, 2024-09-05)
+        # found the GPU busy 38% of the time, scheduling and input preparation 29%, the API server
+        # (output processing, detokenisation) 33%. Speculative decoding in vLLM kept that serial
+        # loop (no async output processing or multi-step scheduling with a draft model). At the
+        # profile's load (max_num_seqs = 256 sequences, ~355 tokens of context) our roofline gives a
+        # 11.8 ms GPU step, so 29/38 x 11.8 ms / 256 = 35 us per sequence and 33/38 x 11.8 / 256 =
+        # 40 us per generated token.
         Framework("vllm", 0.8, 3.0, 15.0, 0.80,
                   "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce; "
-                  "speculative verification by batch expansion)", verify_expansion=True),
+                  "speculative verification by batch expansion)", verify_expansion=True,
+                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
+        # vLLM from v0.6.2 scores proposals with MQAScorer (vllm/spec_decode/mqa_scorer.py): one
+        # multi-token query per request over its KV, as TensorRT-LLM does; host costs as above.
+        Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
+                  "vLLM with multi-query scoring of proposals (MQAScorer, v0.6.2+); otherwise as vllm",
+                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )
 }
 
 
-def get_framework(name: str) -> Framework:
+def get_framework(name: str | Framework) -> Framework:
+    if isinstance(name, Framework):
+        return name
     if name not in FRAMEWORKS:
         raise ConfigError(f"unknown framework '{name}'; known: {', '.join(FRAMEWORKS)}")
     return FRAMEWORKS[name]
+
+
+def scaled_framework(name: str, host_scale: float = 1.0) -> Framework:
+    """The named framework with its host times multiplied by ``host_scale`` (for sensitivity runs)."""
+    if not (math.isfinite(host_scale) and host_scale >= 0):
+        raise ConfigError(f"host_scale = {host_scale!r}: must be a finite number >= 0")
+    fw = get_framework(name)
+    if host_scale == 1.0:
+        return fw
+    return replace(fw, host_seq_us=fw.host_seq_us * host_scale, host_token_us=fw.host_token_us * host_scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +298,7 @@ def roofline_profile(
     drafts: list[str],
     tp: int = 1,
     *,
-    framework: str = "trtllm",
+    framework: str | Framework = "trtllm",
     fp8: bool = False,
     max_batch: int = 256,
     max_ctx: int | None = None,
@@ -317,6 +351,8 @@ def roofline_profile(
     if B.size < 3:
         raise ConfigError(f"the fit grid is empty for {sku} (KV capacity {kv_tokens} tokens); lower max_batch or raise tp")
     tfit, tmax = fit_roofline(Roofline(gpu, tcost, fw, ceil), B, S, T)
+    if fw.host_seq_us:
+        tfit = replace(tfit, d=fw.host_seq_us / 1000.0)
     models["target"] = _coeffs(tfit)
     fits.append(FitReport("target", tfit, int(B.size), tmax))
     drafter_entries = []
@@ -338,7 +374,7 @@ def roofline_profile(
     pair = "+".join([_slug(target), *(_slug(d) for d in drafts)] + (["ngram"] if ngram_ms is not None else []))
     env = {
         "generator": "specctl roofline",
-        "command": command or _command(sku, target, drafts, tp, framework, fp8, max_batch, ngram_ms),
+        "command": command or _command(sku, target, drafts, tp, fw.name, fp8, max_batch, ngram_ms),
         "tp": tp,
         "precision": "fp8" if fp8 else "bf16",
         "ceilings": ceil.source,
@@ -363,9 +399,12 @@ def roofline_profile(
 
 
 def _coeffs(c: LinearCost) -> dict:
-    return {"a_ms_per_ctx_token": float(f"{c.a:.6g}"), "b_ms_per_batched_token": float(f"{c.b:.6g}"),
-            "c_ms": float(f"{c.c:.6g}"), "r2": round(c.r2, 5), "mape": round(c.mape, 3),
-            "resid_std_ms": round(c.resid_std_ms, 5)}
+    out = {"a_ms_per_ctx_token": float(f"{c.a:.6g}"), "b_ms_per_batched_token": float(f"{c.b:.6g}"),
+           "c_ms": float(f"{c.c:.6g}"), "r2": round(c.r2, 5), "mape": round(c.mape, 3),
+           "resid_std_ms": round(c.resid_std_ms, 5)}
+    if c.d:
+        out["d_ms_per_request"] = float(f"{c.d:.6g}")
+    return out
 
 
 def _command(sku, target, drafts, tp, framework, fp8, max_batch, ngram_ms) -> str:

@@ -56,6 +56,7 @@ class SimConfig:
     seed: int = 0
     record_series: bool = True
     verify_expansion: bool = False  # verification by batch expansion: k + 1 KV reads per request
+    host_token_ms: float = 0.0  # host time per generated token (output processing), serial with the GPU
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_tokens", "token_budget"):
@@ -63,6 +64,8 @@ class SimConfig:
                 raise ConfigError(f"sim {name} = {getattr(self, name)!r}: must be >= 1")
         if not 0 <= self.max_k <= 16:
             raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..16")
+        if not (math.isfinite(self.host_token_ms) and self.host_token_ms >= 0):
+            raise ConfigError(f"sim host_token_ms = {self.host_token_ms!r}: must be a finite number >= 0")
 
 
 @dataclass
@@ -234,6 +237,7 @@ class SimEngine:
                 chosen, clen = pending[:take], lens[:take]
                 tok = int(clen.sum())
                 t = self._noisy(tgt.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
+                t += cfg.host_token_ms * chosen.size  # each prompt's first token
                 t += self._draft_prefill_ms(0.0, tok, prefill_draft)
                 now += t / 1000.0
                 res.busy_s += t / 1000.0
@@ -360,10 +364,14 @@ class SimEngine:
                     chunk_prior = int(s_pref[chunk_slots].sum())
             ch_tok = int(chunk_len.sum())
             v_ctx = float(ctx.sum()) + chunk_prior
+            v_seqs = n + chunk_slots.size
             if cfg.verify_expansion and vsum:
                 # each verified token is its own sequence over the request's KV up to its position
                 v_ctx += float((verified * ctx).sum() + (verified * (verified + 1)).sum() / 2)
-            t_verify = tgt.predict(v_ctx, float(n + vsum + ch_tok), 1, n + chunk_slots.size) + cost.overhead_ms
+                v_seqs += vsum
+            t_verify = tgt.predict(v_ctx, float(n + vsum + ch_tok), 1, v_seqs) + cost.overhead_ms
+            if n:
+                t_verify += cfg.host_token_ms * float(gen_step.sum())
             t_verify = self._noisy(t_verify, self._sigma_t)
             t_pref_draft = self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft) if ch_tok else 0.0
             t_total = t_draft + t_verify + t_pref_draft
@@ -494,7 +502,7 @@ class SimEngine:
         horizon = int(rem.min())
         s_idx = np.arange(horizon, dtype=np.float64)
         c0 = float(ctx.sum())
-        t_ms = tgt.a * (c0 + s_idx * n) + (tgt.b + tgt.d) * n + tgt.c + self.cost.overhead_ms
+        t_ms = tgt.a * (c0 + s_idx * n) + (tgt.b + tgt.d + self.cfg.host_token_ms) * n + tgt.c + self.cost.overhead_ms
         ends = now + np.cumsum(t_ms) / 1000.0
         j = horizon
         if nxt < self.arr.shape[0] and self.arr[nxt] > now:
