@@ -159,7 +159,7 @@ def crossover_ok(p, s, hi: float, tol: float = 0.25) -> bool:
 def markdown(results: list[tuple[Row, dict, dict]]) -> str:
     lines = ["| row | k | paper crossover QPS | simulator | within 25% |", "|---|---|---:|---:|:-:|"]
     n_ok = n = 0
-    for row, sim, cmp in results:
+    for row, _sim, cmp in results:
         for lab in LABELS[1:]:
             p, s = cmp["crossover_paper"][lab], cmp["crossover_sim"][lab]
             ok = crossover_ok(p, s, row.qps[-1])
@@ -170,7 +170,7 @@ def markdown(results: list[tuple[Row, dict, dict]]) -> str:
     lines += ["| row | QPS | paper best | simulator best | same | paper's best within 10% in the simulator |",
               "|---|---:|---|---|:-:|:-:|"]
     a_ok = a_near = m = 0
-    for row, sim, cmp in results:
+    for row, _sim, cmp in results:
         for r in cmp["ranking"]:
             a_ok += r["agree"]
             a_near += r["near"]

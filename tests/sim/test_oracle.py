@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +121,7 @@ def test_priced_oracle_is_exact_on_small_steps():
             ctx, L = _step(rng, n, K)
             k, _ = hindsight_k(cost, ctx, L[:, None], np.full(n, K), price=price)
 
-            def val(c):
+            def val(c, ctx=ctx, L=L, price=price, n=n):
                 return n + float(np.minimum(c, L).sum()) - price * cost.step_ms(ctx, np.asarray(c))
 
             best = max(val(np.array(c)) for c in itertools.product(range(K + 1), repeat=n))
