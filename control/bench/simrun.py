@@ -28,7 +28,7 @@ RATE_ORACLE = "rate-oracle"  # diagnostic: true per-request acceptance, no fores
 DEFAULT_POLICIES = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7", "smartspec", "turbospec", "specserve",
                     "static-schedule", "hf-heuristic", "adaptive", "oracle")
 CAPACITY_REQUESTS = 4000  # Poisson requests per probe of the capacity search
-CAPACITY_REL_TOL = 0.01  # the search stops when the bracket is this narrow (relative)
+CAPACITY_REL_TOL = 0.02  # the search stops when the bracket is this narrow (relative)
 WARMUP_SHARE = 0.2  # the first 20% of arrivals are ramp-up: outside the measured window
 BACKLOG_SHARE = 0.03  # a probe's queue is bounded if it grew by at most 3% of its window's arrivals
 SERIES_WINDOWS = 12  # per-window series of a run: this many equal spans of arrival time
@@ -256,17 +256,16 @@ def measure_capacity(setup: SimSetup, requests: int = CAPACITY_REQUESTS, seed: i
     keeps its queue bounded over ``requests`` arrivals with the workload's lengths
     (``queue_bounded``), found by bisection below the saturated throughput. A trace replayed at
     this mean rate keeps its own burstiness on top."""
+    def bounded(rate: float) -> bool:
+        return queue_bounded(run_policy(setup, poisson_probe(setup.workload, rate, requests, seed), "none", seed))
+
     hi = saturated_throughput(setup, min(requests, 1000), seed) * 1.05
-    lo = hi * 0.25
-    for _ in range(40):
-        if hi - lo <= CAPACITY_REL_TOL * hi:
-            break
+    lo = hi * 0.5
+    while not bounded(lo):  # capacity is usually 0.8-0.9x the saturated throughput; halve until below
+        hi, lo = lo, lo * 0.5
+    while hi - lo > CAPACITY_REL_TOL * hi:
         mid = 0.5 * (lo + hi)
-        res = run_policy(setup, poisson_probe(setup.workload, mid, requests, seed), "none", seed)
-        if queue_bounded(res):
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if bounded(mid) else (lo, mid)
     return lo
 
 
