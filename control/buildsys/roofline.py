@@ -14,6 +14,12 @@ plus a per-pass overhead (launch, sampling, scheduling: a property of the servin
 per-layer kernel overhead, and with tensor parallelism two all-reduces per layer (latency plus
 2 (tp - 1) / tp of the hidden states over the interconnect).
 
+What a framework adds under load (``Framework``): verification by batch expansion (vLLM's 2024
+scorer: every verified token reads its request's KV again), and host time serial with the GPU per
+sequence in a pass (the profile's per-request term ``d``) and per generated token (the simulator's
+``host_token_ms``). These are what make speculation stop paying at moderate load on vLLM
+(docs/validation.md).
+
 Ceilings prefer measured values (``GpuSku.measured_*``, DESIGN.md section 6); a SKU without
 measurements uses its datasheet figures scaled by the H100's measured / datasheet ratio (the share
 of the datasheet any real kernel reaches), so every SKU is judged by the same yardstick.
