@@ -2,8 +2,9 @@
 
 ``SimSetup`` names what is fixed across a sweep (profile, workload, drafters, K, options);
 ``run_policy`` simulates one policy at one arrival rate and seed; ``measure_capacity`` finds the
-no-speculation capacity (requests per second the engine completes when it never idles), and
-``sweep`` runs every policy x load x seed with loads as fractions of that capacity.
+no-speculation capacity (the highest Poisson rate at which policy ``none`` keeps a bounded queue),
+and ``sweep`` runs every policy x load x seed with loads as fractions of that capacity; its rows
+measure past the ramp-up (``result_row``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ CAPACITY_REL_TOL = 0.02  # the search stops when the bracket is this narrow (rel
 WARMUP_SHARE = 0.2  # the first 20% of arrivals are ramp-up: outside the measured window
 BACKLOG_SHARE = 0.03  # a probe's queue is bounded if it grew by at most 3% of its window's arrivals
 SERIES_WINDOWS = 12  # per-window series of a run: this many equal spans of arrival time
+ORACLE_PRICE_ROUNDS = 3  # Dinkelbach rounds of the oracle's run-level price after its step-greedy run
 
 
 @dataclass
@@ -104,9 +106,6 @@ class SimSetup:
             return self.verify_expansion
         fw = self.profile.environment.get("framework")
         return bool(fw.get("verify_expansion", False)) if isinstance(fw, dict) else False
-
-
-ORACLE_PRICE_ROUNDS = 3  # Dinkelbach rounds of the oracle's run-level price after its step-greedy run
 
 
 def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int, price: float | None = None):
