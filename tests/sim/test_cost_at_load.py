@@ -12,6 +12,7 @@ from control.bench.workloads import poisson
 from control.buildsys.catalog import get_model
 from control.buildsys.roofline import StepTimes, get_framework, roofline_profile, scaled_framework
 from control.errors import ConfigError
+from control.executors.sim import SimConfig
 
 FIXED_07 = AcceptanceTable({
     "schema": "specctl.acceptance/v1",
@@ -81,3 +82,34 @@ def test_crossover_rate_interpolates_and_says_none():
     assert crossover_rate([4, 8], [0.9, 0.8]) == 4.0
     with pytest.raises(ConfigError, match="2 rates for 1 speedups"):
         crossover_rate([4, 8], [1.0])
+
+
+def _run_on(w, spec: str, host_ms: float):
+    from control.executors.sim import AcceptanceProcess, SimConfig, SimEngine
+    from control.plan import compile_plan
+    from control.policy import build_policy
+    from tests.conftest import make_profile
+
+    prof = make_profile()
+    proc = AcceptanceProcess(np.full((w.n, 1), 0.7), np.ones(1), np.array([np.nan]), 4, 0)
+    cfg = SimConfig(max_batch=64, kv_tokens=1 << 30, max_k=4, host_token_ms=host_ms)
+    eng = SimEngine(prof.step_cost(["draft"]), ("draft",), w.arrival_s, w.prompt_tokens, w.output_tokens, proc, cfg)
+    return eng.run(build_policy(spec, compile_plan(prof, max_k=4)))
+
+
+def test_host_time_is_charged_alike_on_the_fast_path_and_step_by_step():
+    """`none` jumps over plain steps in closed form; with host time per token it must still equal
+    stepping one by one (fixed:0). A request served alone takes exactly its tokens' host time longer."""
+    from dataclasses import replace
+
+    w = poisson(200, 30.0, "lognormal:300:200", "lognormal:60:40", seed=5)
+    a, b = _run_on(w, "none", 0.05), _run_on(w, "fixed:0", 0.05)
+    np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=1e-9)
+    assert a.busy_s == pytest.approx(b.busy_s, rel=1e-9)
+    assert a.busy_s > _run_on(w, "none", 0.0).busy_s
+    far = replace(w, arrival_s=np.arange(w.n) * 100.0)
+    host, plain = _run_on(far, "none", 0.05), _run_on(far, "none", 0.0)
+    np.testing.assert_allclose((host.finish_s - host.arrival_s) - (plain.finish_s - plain.arrival_s),
+                               0.05e-3 * far.output_tokens, rtol=1e-6)
+    with pytest.raises(ConfigError, match="host_token_ms"):
+        SimConfig(host_token_ms=-1.0)
