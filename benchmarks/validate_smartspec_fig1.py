@@ -5,20 +5,25 @@ about 16 req/s (speedup = mean latency without speculation / with). This script 
 rate on a roofline profile of that pair (framework: vLLM, which SmartSpec ran on) and prints where
 each k's speedup crosses 1.
 
-    python benchmarks/validate_smartspec_fig1.py [--framework vllm] [--requests 1500] [--json out.json]
+    python benchmarks/validate_smartspec_fig1.py [--framework vllm|vllm-mqa] [--host-scale 1] [--requests 1000]
+        [--seeds 2] [--rates 4,8,12,16,20,24,28,32] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from control.bench.acceptance import AcceptanceTable
-from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_at
-from control.bench.workloads import poisson
-from control.buildsys.roofline import roofline_profile, scaled_framework
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from control.bench.acceptance import AcceptanceTable  # noqa: E402
+from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_at  # noqa: E402
+from control.bench.workloads import poisson  # noqa: E402
+from control.buildsys.roofline import roofline_profile, scaled_framework  # noqa: E402
 
 TABLE = AcceptanceTable({
     "schema": "specctl.acceptance/v1",
