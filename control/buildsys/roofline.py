@@ -102,10 +102,10 @@ FRAMEWORKS: dict[str, Framework] = {
                   "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce; "
                   "speculative verification by batch expansion)", verify_expansion=True,
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
-        # vLLM from v0.6.2 scores proposals with MQAScorer (vllm/spec_decode/mqa_scorer.py): one
+        # Later vLLM releases score proposals with MQAScorer (vllm/spec_decode/mqa_scorer.py): one
         # multi-token query per request over its KV, as TensorRT-LLM does; host costs as above.
         Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
-                  "vLLM with multi-query scoring of proposals (MQAScorer, v0.6.2+); otherwise as vllm",
+                  "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
