@@ -87,7 +87,7 @@ FRAMEWORKS: dict[str, Framework] = {
     for f in (
         Framework("trtllm", 0.25, 2.0, 8.0, 0.85,
                   "TensorRT-LLM C++ executor with CUDA graphs and its custom one-shot/two-shot all-reduce"),
-        # vLLM's speculative decoding of 2024 (the versions SmartSpec and TurboSpec ran on) scored
+        # vLLM's speculative decoding when SmartSpec was written (mid 2024) scored
         # proposals with BatchExpansionTop1Scorer (vllm/spec_decode/batch_expansion.py: "converts a
         # list of sequences and multiple query positions to a new batch of sequences, each with a
         # single query position ... strictly less efficient than MQA scoring").
