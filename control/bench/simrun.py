@@ -30,6 +30,7 @@ DEFAULT_POLICIES = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7", "smartsp
                     "static-schedule", "hf-heuristic", "adaptive", "oracle")
 CAPACITY_REQUESTS = 4000  # Poisson requests per probe of the capacity search
 CAPACITY_REL_TOL = 0.02  # the search stops when the bracket is this narrow (relative)
+CAPACITY_HALVINGS = 20  # at most this many halvings below the saturated throughput
 WARMUP_SHARE = 0.2  # the first 20% of arrivals are ramp-up: outside the measured window
 BACKLOG_SHARE = 0.03  # a probe's queue is bounded if it grew by at most 3% of its window's arrivals
 SERIES_WINDOWS = 12  # per-window series of a run: this many equal spans of arrival time
@@ -267,8 +268,13 @@ def measure_capacity(setup: SimSetup, requests: int = CAPACITY_REQUESTS, seed: i
 
     hi = saturated_throughput(setup, min(requests, 1000), seed) * 1.05
     lo = hi * 0.5
-    while not bounded(lo):  # capacity is usually 0.8-0.9x the saturated throughput; halve until below
+    for _ in range(CAPACITY_HALVINGS):  # capacity is usually 0.8-0.9x the saturated throughput
+        if bounded(lo):
+            break
         hi, lo = lo, lo * 0.5
+    else:
+        raise ConfigError(f"no Poisson rate down to {lo:.3g} req/s keeps the queue of policy none bounded; "
+                          "check the profile and workload")
     while hi - lo > CAPACITY_REL_TOL * hi:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if bounded(mid) else (lo, mid)
