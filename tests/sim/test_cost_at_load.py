@@ -113,3 +113,29 @@ def test_host_time_is_charged_alike_on_the_fast_path_and_step_by_step():
                                0.05e-3 * far.output_tokens, rtol=1e-6)
     with pytest.raises(ConfigError, match="host_token_ms"):
         SimConfig(host_token_ms=-1.0)
+
+
+def test_host_time_counts_every_generated_token_with_chunked_prefill():
+    """Alone, a request costs its tokens' host time more, first token included, chunked or not."""
+    from dataclasses import replace
+
+    from control.executors.sim import AcceptanceProcess, SimEngine
+    from control.plan import compile_plan
+    from control.policy import build_policy
+    from tests.conftest import make_profile
+
+    prof = make_profile()
+    w = poisson(20, 1.0, "lognormal:3000:1000", "lognormal:40:20", seed=6)
+    w = replace(w, arrival_s=np.arange(w.n) * 100.0)
+
+    def run(host_ms):
+        proc = AcceptanceProcess(np.full((w.n, 1), 0.7), np.ones(1), np.array([np.nan]), 4, 0)
+        cfg = SimConfig(max_batch=8, kv_tokens=1 << 30, token_budget=1024, max_k=4, chunked_prefill=True,
+                        host_token_ms=host_ms)
+        eng = SimEngine(prof.step_cost(["draft"]), ("draft",), w.arrival_s, w.prompt_tokens, w.output_tokens,
+                        proc, cfg)
+        return eng.run(build_policy("fixed:2", compile_plan(prof, max_k=4)))
+
+    host, plain = run(0.05), run(0.0)
+    np.testing.assert_allclose((host.finish_s - host.arrival_s) - (plain.finish_s - plain.arrival_s),
+                               0.05e-3 * w.output_tokens, rtol=1e-6)

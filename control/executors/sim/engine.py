@@ -374,6 +374,10 @@ class SimEngine:
                 t_verify += cfg.host_token_ms * float(gen_step.sum())
             t_verify = self._noisy(t_verify, self._sigma_t)
             t_pref_draft = self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft) if ch_tok else 0.0
+            if ch_tok and cfg.host_token_ms:
+                # prompts whose last chunk is in this pass emit their first token
+                done_now = int((s_pref[chunk_slots] + chunk_len >= P[s_rid[chunk_slots]]).sum())
+                t_pref_draft += cfg.host_token_ms * done_now
             t_total = t_draft + t_verify + t_pref_draft
             now += t_total / 1000.0
             res.busy_s += t_total / 1000.0
