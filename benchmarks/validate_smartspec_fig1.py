@@ -38,13 +38,15 @@ def main() -> None:
     ap.add_argument("--framework", default="vllm")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiply the framework's host time per sequence and per token (sensitivity)")
+    ap.add_argument("--draft-host-prep", action="store_true",
+                    help="charge host input preparation (per sequence) on every draft pass (sensitivity)")
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--rates", default="2,4,6,8,10,12,14,16,18,20,22,24,26,28")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
     prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"],
-                            framework=scaled_framework(args.framework, args.host_scale))
+                            framework=scaled_framework(args.framework, args.host_scale, args.draft_host_prep or None))
     base = poisson(args.requests, 1.0, "128", "128", seed=0)
     setup = SimSetup(prof, base, max_k=8, table=TABLE, max_batch=256)
     rates = [float(x) for x in args.rates.split(",")]

@@ -214,6 +214,8 @@ def main() -> None:
     ap.add_argument("--framework", default="vllm")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiply the framework's host time per sequence and per token (sensitivity)")
+    ap.add_argument("--draft-host-prep", action="store_true",
+                    help="charge host input preparation (per sequence) on every draft pass (sensitivity)")
     ap.add_argument("--rows", default=",".join(r.key for r in ROWS))
     ap.add_argument("--verify", choices=("framework", "expansion", "mqa"), default="framework",
                     help="verification as the framework does it (vLLM: batch expansion), or forced either way")
@@ -228,7 +230,7 @@ def main() -> None:
         if row.key not in want:
             continue
         expansion = {"framework": None, "expansion": True, "mqa": False}[args.verify]
-        sim = simulate(row, args.requests, args.seeds, scaled_framework(args.framework, args.host_scale), expansion)
+        sim = simulate(row, args.requests, args.seeds, scaled_framework(args.framework, args.host_scale, args.draft_host_prep or None), expansion)
         cmp = compare(row, sim)
         results.append((row, sim, cmp))
         print(f"{row.key}: crossover paper {cmp['crossover_paper']} sim {cmp['crossover_sim']}", flush=True)

@@ -64,6 +64,8 @@ class Framework:
         with the GPU; with batch expansion every expanded sequence counts. Becomes the target's
         per-request term ``d``.
     host_token_us: host time per generated token (output processing, detokenisation, streaming).
+    draft_host_prep: every draft pass prepares its inputs on the host (``host_seq_us`` per sequence
+        per pass), as vLLM's MultiStepWorker did before it prepared draft steps on the GPU.
     """
 
     name: str
@@ -75,6 +77,7 @@ class Framework:
     verify_expansion: bool = False
     host_seq_us: float = 0.0
     host_token_us: float = 0.0
+    draft_host_prep: bool = False
 
 
 VLLM_HOST_SEQ_US = 35.0
@@ -121,14 +124,14 @@ def get_framework(name: str | Framework) -> Framework:
     return FRAMEWORKS[name]
 
 
-def scaled_framework(name: str, host_scale: float = 1.0) -> Framework:
-    """The named framework with its host times multiplied by ``host_scale`` (for sensitivity runs)."""
+def scaled_framework(name: str, host_scale: float = 1.0, draft_host_prep: bool | None = None) -> Framework:
+    """The named framework with its host times multiplied by ``host_scale`` and, when given, host
+    preparation of draft passes switched on or off (for sensitivity runs)."""
     if not (math.isfinite(host_scale) and host_scale >= 0):
         raise ConfigError(f"host_scale = {host_scale!r}: must be a finite number >= 0")
     fw = get_framework(name)
-    if host_scale == 1.0:
-        return fw
-    return replace(fw, host_seq_us=fw.host_seq_us * host_scale, host_token_us=fw.host_token_us * host_scale)
+    fw = replace(fw, host_seq_us=fw.host_seq_us * host_scale, host_token_us=fw.host_token_us * host_scale)
+    return fw if draft_host_prep is None else replace(fw, draft_host_prep=draft_host_prep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +371,10 @@ def roofline_profile(
         dB, dS, dT = grid.points(max_batch, dctx, kv_tokens, token_budget)
         sel = dT <= 2
         dfit, dmax = fit_roofline(Roofline(gpu, cost, fw, ceil), dB[sel], dS[sel], dT[sel])
+        if fw.draft_host_prep:
+            # each draft pass prepares its sequences' inputs on the host: per sequence per pass,
+            # which is per batched draft token
+            dfit = replace(dfit, b=dfit.b + fw.host_seq_us / 1000.0)
         key = _slug(name)
         models[key] = _coeffs(dfit)
         fits.append(FitReport(key, dfit, int(sel.sum()), dmax))
