@@ -5,7 +5,7 @@ about 16 req/s (speedup = mean latency without speculation / with). This script 
 rate on a roofline profile of that pair (framework: vLLM, which SmartSpec ran on) and prints where
 each k's speedup crosses 1.
 
-    python benchmarks/validate_smartspec_fig1.py [--framework vllm|vllm-mqa] [--host-scale 1] [--requests 1000]
+    python benchmarks/validate_smartspec_fig1.py [--framework vllm|vllm-expansion] [--host-scale 1] [--requests 1000]
         [--seeds 2] [--rates 4,8,12,16,20,24,28,32] [--json out.json]
 """
 
@@ -25,6 +25,7 @@ from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_
 from control.bench.workloads import poisson  # noqa: E402
 from control.buildsys.roofline import roofline_profile, scaled_framework  # noqa: E402
 
+DRAFT_HOST_PREP = {"framework": None, "on": True, "off": False}
 TABLE = AcceptanceTable({
     "schema": "specctl.acceptance/v1",
     "families": {"chat": {"drafters": {"draft_model": {
@@ -38,15 +39,16 @@ def main() -> None:
     ap.add_argument("--framework", default="vllm")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiply the framework's host time per sequence and per token (sensitivity)")
-    ap.add_argument("--draft-host-prep", action="store_true",
-                    help="charge host input preparation (per sequence) on every draft pass (sensitivity)")
+    ap.add_argument("--draft-host-prep", choices=("framework", "on", "off"), default="framework",
+                    help="host input preparation (per sequence) on every draft pass: as the framework has it, "
+                         "or forced (sensitivity)")
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--rates", default="2,4,6,8,10,12,14,16,18,20,22,24,26,28")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
-    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"],
-                            framework=scaled_framework(args.framework, args.host_scale, args.draft_host_prep or None))
+    fw = scaled_framework(args.framework, args.host_scale, DRAFT_HOST_PREP[args.draft_host_prep])
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=fw)
     base = poisson(args.requests, 1.0, "128", "128", seed=0)
     setup = SimSetup(prof, base, max_k=8, table=TABLE, max_batch=256)
     rates = [float(x) for x in args.rates.split(",")]

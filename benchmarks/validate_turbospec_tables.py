@@ -41,6 +41,7 @@ from control.buildsys.roofline import Framework, roofline_profile, scaled_framew
 CONFIGS = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7")
 LABELS = ("Org", "k=1", "k=3", "k=5", "k=7")
 TS = "TS"  # the turbospec policy, against the paper's TurboSpec column
+DRAFT_HOST_PREP = {"framework": None, "on": True, "off": False}
 
 
 @dataclass(frozen=True)
@@ -214,8 +215,9 @@ def main() -> None:
     ap.add_argument("--framework", default="vllm")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiply the framework's host time per sequence and per token (sensitivity)")
-    ap.add_argument("--draft-host-prep", action="store_true",
-                    help="charge host input preparation (per sequence) on every draft pass (sensitivity)")
+    ap.add_argument("--draft-host-prep", choices=("framework", "on", "off"), default="framework",
+                    help="host input preparation (per sequence) on every draft pass: as the framework has it, "
+                         "or forced (sensitivity)")
     ap.add_argument("--rows", default=",".join(r.key for r in ROWS))
     ap.add_argument("--verify", choices=("framework", "expansion", "mqa"), default="framework",
                     help="verification as the framework does it (vLLM: batch expansion), or forced either way")
@@ -230,7 +232,8 @@ def main() -> None:
         if row.key not in want:
             continue
         expansion = {"framework": None, "expansion": True, "mqa": False}[args.verify]
-        sim = simulate(row, args.requests, args.seeds, scaled_framework(args.framework, args.host_scale, args.draft_host_prep or None), expansion)
+        fw = scaled_framework(args.framework, args.host_scale, DRAFT_HOST_PREP[args.draft_host_prep])
+        sim = simulate(row, args.requests, args.seeds, fw, expansion)
         cmp = compare(row, sim)
         results.append((row, sim, cmp))
         print(f"{row.key}: crossover paper {cmp['crossover_paper']} sim {cmp['crossover_sim']}", flush=True)
