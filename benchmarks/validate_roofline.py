@@ -46,7 +46,8 @@ def rows(turbospec_ctx: int = 128):
     spec = float(st.target_ms(B, S, 3) + 2 * st.draft_ms(B, S))
     # vLLM: host time per sequence in every pass (the target's d, the draft's b), multi-query verify
     plain_p = linear(prof, "target", B * S, B, requests=B)
-    spec_p = linear(prof, "target", B * S, 3 * B, requests=B) + linear(prof, "llama-160m", 2 * B * S + B, 2 * B, 2)
+    spec_p = (linear(prof, "target", B * S, 3 * B, requests=B)
+              + linear(prof, "llama-160m", 2 * B * S + B, 2 * B, 2, requests=2 * B))
     lo = float(st.target_ms(B, 0))
     hi = float(st.target_ms(B, 512))
     out.append(("TurboSpec Fig. 2", f"H100, Llama-2-7B, vLLM, B=50, ctx {S} (assumed), k=0", 7.4, plain, plain_p,

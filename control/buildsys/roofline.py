@@ -374,9 +374,8 @@ def roofline_profile(
         sel = dT <= 2
         dfit, dmax = fit_roofline(Roofline(gpu, cost, fw, ceil), dB[sel], dS[sel], dT[sel])
         if fw.draft_host_prep:
-            # each draft pass prepares its sequences' inputs on the host: per sequence per pass,
-            # which is per batched draft token
-            dfit = replace(dfit, b=dfit.b + fw.host_seq_us / 1000.0)
+            # each draft pass prepares its sequences' inputs on the host: per sequence per pass
+            dfit = replace(dfit, d=fw.host_seq_us / 1000.0)
         key = _slug(name)
         models[key] = _coeffs(dfit)
         fits.append(FitReport(key, dfit, int(sel.sum()), dmax))

@@ -238,7 +238,7 @@ class SimEngine:
                 tok = int(clen.sum())
                 t = self._noisy(tgt.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
                 t += cfg.host_token_ms * chosen.size  # each prompt's first token
-                t += self._draft_prefill_ms(0.0, tok, prefill_draft)
+                t += self._draft_prefill_ms(0.0, tok, prefill_draft, int(chosen.size))
                 now += t / 1000.0
                 res.busy_s += t / 1000.0
                 res.steps += 1
@@ -373,7 +373,8 @@ class SimEngine:
             if n:
                 t_verify += cfg.host_token_ms * float(gen_step.sum())
             t_verify = self._noisy(t_verify, self._sigma_t)
-            t_pref_draft = self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft) if ch_tok else 0.0
+            t_pref_draft = (self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft, int(chunk_slots.size))
+                            if ch_tok else 0.0)
             if ch_tok and cfg.host_token_ms:
                 # prompts whose last chunk is in this pass emit their first token
                 done_now = int((s_pref[chunk_slots] + chunk_len >= P[s_rid[chunk_slots]]).sum())
@@ -459,14 +460,15 @@ class SimEngine:
                         token_budget=cfg.token_budget, max_k=K, drafters=self.drafters, now=now, step=step,
                         waiting=waiting)
 
-    def _draft_prefill_ms(self, prior: float, tokens: int, on: bool) -> float:
+    def _draft_prefill_ms(self, prior: float, tokens: int, on: bool, seqs: int = 1) -> float:
+        """Every stateful draft's prefill pass over ``tokens`` prompt tokens of ``seqs`` sequences."""
         if not on or tokens <= 0:
             return 0.0
         t = 0.0
         for i, d in enumerate(self.cost.drafters):
             if d.has_passes:
-                t += self._noisy(d.model.predict(d.draft_ctx(np.array([prior]))[0] if d.kind.value == "self_spec" else prior,
-                                                 tokens), self._sigma_d[i])
+                ctx = d.draft_ctx(np.array([prior]))[0] if d.kind.value == "self_spec" else prior
+                t += self._noisy(d.model.predict(ctx, tokens, 1, seqs), self._sigma_d[i])
         return t
 
     def _finish_prefill(self, chosen, clen, prefill_draft, s_pref, s_gen, s_ctx, s_lag, decoding, first, now) -> None:
@@ -495,7 +497,9 @@ class SimEngine:
         c_tok = float((passes * dctx).sum() + (passes * (passes - 1)).sum() / 2)
         b_tok = int(passes.sum() + lag[passes > 0].sum())
         mdl = dc.model
-        return mdl.a * c_tok + mdl.b * b_tok + mdl.c * pmax + dc.const_ms, int(c_tok), b_tok, pmax
+        seq_passes = float(passes.sum())  # the draft's per-request term d is paid per request per pass
+        return (mdl.a * c_tok + mdl.b * b_tok + mdl.c * pmax + mdl.d * seq_passes + dc.const_ms, int(c_tok), b_tok,
+                pmax)
 
     def _fast_forward(self, dec, rid, ctx, rem, now, nxt, s_gen, s_ctx, s_lag, s_rid, active, decoding, free, finish,
                       done, kv_reserved, kv_used, step, res, k_hist, ser):
