@@ -5,7 +5,7 @@ about 16 req/s (speedup = mean latency without speculation / with). This script 
 rate on a roofline profile of that pair (framework: vLLM, which SmartSpec ran on) and prints where
 each k's speedup crosses 1.
 
-    python benchmarks/validate_smartspec_fig1.py [--framework vllm|vllm-expansion] [--host-scale 1] [--requests 1000]
+    python benchmarks/validate_smartspec_fig1.py [--framework vllm|vllm-mqa] [--host-scale 1] [--requests 1000]
         [--seeds 2] [--rates 4,8,12,16,20,24,28,32] [--json out.json]
 """
 

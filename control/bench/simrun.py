@@ -129,9 +129,11 @@ def _simulate(setup: SimSetup, workload: Workload, spec: str, seed: int, price: 
     proc = AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, setup.max_k, seed)
     cost = setup.profile.step_cost(setup.drafters)
     mape = {"target": setup.profile.models["target"].mape}
+    prefill = tuple(setup.profile.models[e.model].to_cost() if e.model else None for e in setup.entries)
     engine = SimEngine(cost, tuple(setup.drafters), workload.arrival_s, workload.prompt_tokens,
                        workload.output_tokens, proc, setup.config(seed),
-                       category=workload.category if workload.categories else None, mape=mape)
+                       category=workload.category if workload.categories else None, mape=mape,
+                       prefill_costs=prefill)
     policy = make_policy(spec, plan, engine, seed, price)
     res = engine.run(policy)
     res.policy = spec

@@ -96,22 +96,23 @@ FRAMEWORKS: dict[str, Framework] = {
         # loop (no async output processing or multi-step scheduling with a draft model). At the
         # profile's load (max_num_seqs = 256 sequences, ~355 tokens of context) our roofline gives a
         # 11.8 ms GPU step, so 29/38 x 11.8 ms / 256 = 35 us per sequence and 33/38 x 11.8 / 256 =
-        # 40 us per generated token. Draft passes: vLLM's MultiStepWorker runs the draft model once
-        # per proposal step, "with every step prepared on the CPU" unless its GPU multi-step path
-        # applies (vllm/spec_decode/multi_step_worker.py), so every draft pass pays the per-sequence
-        # host time too. Verification: MQAScorer (vllm/spec_decode/mqa_scorer.py), one multi-token
-        # query per request over its KV.
-        Framework("vllm", 0.8, 3.0, 15.0, 0.80,
-                  "vLLM (Python scheduler and sampler per step, draft steps prepared on the host, CUDA graphs for "
-                  "decode, NCCL/custom all-reduce; multi-query verification)",
-                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US, draft_host_prep=True),
-        # The scorer vLLM had before MQAScorer, BatchExpansionTop1Scorer
+        # 40 us per generated token. Verification: vLLM's speculative decoding when SmartSpec was
+        # written (mid 2024) scored proposals with BatchExpansionTop1Scorer
         # (vllm/spec_decode/batch_expansion.py: "converts a list of sequences and multiple query
         # positions to a new batch of sequences, each with a single query position ... strictly less
-        # efficient than MQA scoring"), with draft steps prepared on the GPU: for sensitivity runs.
-        Framework("vllm-expansion", 0.8, 3.0, 15.0, 0.80,
-                  "vLLM with speculative verification by batch expansion; draft steps prepared on the GPU",
-                  verify_expansion=True, host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
+        # efficient than MQA scoring").
+        Framework("vllm", 0.8, 3.0, 15.0, 0.80,
+                  "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce; "
+                  "speculative verification by batch expansion)", verify_expansion=True,
+                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
+        # Later vLLM releases score proposals with MQAScorer (vllm/spec_decode/mqa_scorer.py): one
+        # multi-token query per request over its KV, as TensorRT-LLM does; host costs as above.
+        # Neither prepares draft passes on the host by default: vLLM's MultiStepWorker does so
+        # ("every step prepared on the CPU") only where its GPU multi-step path does not apply
+        # (``draft_host_prep``, for sensitivity runs).
+        Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
+                  "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
+                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )
@@ -458,22 +459,17 @@ class StepTimes:
             self._rd = Roofline(gpu, ModelCost.of(get_model(self.draft), 1), fw, ceil)
 
     def target_ms(self, batch, ctx, tokens_per_request=1):
-        """One target pass computing ``tokens_per_request`` tokens for each of ``batch`` requests, plus
-        the framework's host time per sequence (every expanded sequence with batch expansion, where
-        each of the t tokens also reads its own copy of the request's KV: ctx + its offset)."""
-        fw = self._rf.framework
+        """GPU time of one target pass computing ``tokens_per_request`` tokens for each of ``batch``
+        requests; with batch expansion each of the t tokens reads its own copy of the request's KV
+        (ctx + its offset). Host time is not included."""
         t = np.asarray(tokens_per_request, dtype=np.float64)
-        b = np.asarray(batch, dtype=np.float64)
         per_req = np.asarray(ctx, dtype=np.float64)
-        seqs = b * t if fw.verify_expansion else b
-        if fw.verify_expansion:
+        if self._rf.framework.verify_expansion:
             per_req = per_req * t + t * (t - 1) / 2
-        return self._rf.forward_ms(b * per_req, b * t, t) + seqs * fw.host_seq_us / 1000.0
+        return self._rf.forward_ms(np.asarray(batch) * per_req, np.asarray(batch) * t, t)
 
     def draft_ms(self, batch, ctx):
-        """One draft pass over ``batch`` requests (with host preparation where the framework has it)."""
+        """GPU time of one draft pass over ``batch`` requests."""
         if self._rd is None:
             raise ConfigError("no draft model given")
-        fw = self._rd.framework
-        host = np.asarray(batch, dtype=np.float64) * fw.host_seq_us / 1000.0 if fw.draft_host_prep else 0.0
-        return self._rd.forward_ms(np.asarray(batch) * np.asarray(ctx), np.asarray(batch), 1) + host
+        return self._rd.forward_ms(np.asarray(batch) * np.asarray(ctx), np.asarray(batch), 1)

@@ -101,8 +101,13 @@ class SimEngine:
 
     def __init__(self, cost: StepCostModel, drafters: tuple[str, ...], arrivals: np.ndarray, prompt: np.ndarray,
                  output: np.ndarray, acceptance: AcceptanceProcess, config: SimConfig,
-                 category: np.ndarray | None = None, mape: dict | None = None) -> None:
+                 category: np.ndarray | None = None, mape: dict | None = None,
+                 prefill_costs: tuple | None = None) -> None:
         self.cost = cost
+        # per drafter, the draft model's own cost for its prefill passes: a profile folds a draft's
+        # per-request term into its per-token one (decode passes carry one token per request), which
+        # would bill a prompt's host time once per prompt token
+        self._prefill_costs = prefill_costs
         self.drafters = tuple(drafters)
         if len(self.drafters) != len(cost.drafters):
             raise ConfigError(f"{len(self.drafters)} drafter names for {len(cost.drafters)} drafter costs")
@@ -468,7 +473,8 @@ class SimEngine:
         for i, d in enumerate(self.cost.drafters):
             if d.has_passes:
                 ctx = d.draft_ctx(np.array([prior]))[0] if d.kind.value == "self_spec" else prior
-                t += self._noisy(d.model.predict(ctx, tokens, 1, seqs), self._sigma_d[i])
+                model = self._prefill_costs[i] if self._prefill_costs and self._prefill_costs[i] else d.model
+                t += self._noisy(model.predict(ctx, tokens, 1, seqs), self._sigma_d[i])
         return t
 
     def _finish_prefill(self, chosen, clen, prefill_draft, s_pref, s_gen, s_ctx, s_lag, decoding, first, now) -> None:
