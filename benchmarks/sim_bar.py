@@ -5,7 +5,7 @@ Pairs: H100 Llama-3.1-8B + Llama-3.2-1B and A100 Llama-2-7B + Llama-160M (roofli
 of the no-speculation capacity, plus the Mooncake long-context trace. Writes one specctl.bench/v1
 JSON per configuration, a Markdown report per configuration and a summary with the bar check.
 
-    SPECCTL_WORKLOADS=... python benchmarks/sim_bar.py --out runs/sim-bar [--seeds 3] [--requests 1000]
+    SPECCTL_WORKLOADS=... python benchmarks/sim_bar.py --out runs/sim-bar [--seeds 3] [--requests 4000]
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def main() -> None:
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS))
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--requests", type=int, default=4000,
+                    help="requests per run (prompt sets; default 4000: the measured window excludes the first 20%% as ramp-up)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--length-scale", type=float, default=1.0,
                     help="multiply prompt and output lengths (recorded in the report; e.g. 0.25 for Mooncake)")

@@ -5,21 +5,27 @@ about 16 req/s (speedup = mean latency without speculation / with). This script 
 rate on a roofline profile of that pair (framework: vLLM, which SmartSpec ran on) and prints where
 each k's speedup crosses 1.
 
-    python benchmarks/validate_smartspec_fig1.py [--framework vllm] [--requests 1500] [--json out.json]
+    python benchmarks/validate_smartspec_fig1.py [--framework vllm|vllm-mqa] [--host-scale 1] [--requests 1000]
+        [--seeds 2] [--rates 4,8,12,16,20,24,28,32] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from control.bench.acceptance import AcceptanceTable
-from control.bench.simrun import SimSetup, run_policy, workload_at
-from control.bench.workloads import poisson
-from control.buildsys.roofline import roofline_profile
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from control.bench.acceptance import AcceptanceTable  # noqa: E402
+from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_at  # noqa: E402
+from control.bench.workloads import poisson  # noqa: E402
+from control.buildsys.roofline import roofline_profile, scaled_framework  # noqa: E402
+
+DRAFT_HOST_PREP = {"framework": None, "on": True, "off": False}
 TABLE = AcceptanceTable({
     "schema": "specctl.acceptance/v1",
     "families": {"chat": {"drafters": {"draft_model": {
@@ -28,24 +34,21 @@ TABLE = AcceptanceTable({
 })
 
 
-def crossover(rates, speedup):
-    """First rate where the speedup falls to 1 or below (linear interpolation), None if it never does."""
-    for i in range(1, len(rates)):
-        if speedup[i - 1] > 1 >= speedup[i]:
-            r0, r1, s0, s1 = rates[i - 1], rates[i], speedup[i - 1], speedup[i]
-            return r0 + (s0 - 1) * (r1 - r0) / (s0 - s1)
-    return None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--framework", default="vllm")
+    ap.add_argument("--host-scale", type=float, default=1.0,
+                    help="multiply the framework's host time per sequence and per token (sensitivity)")
+    ap.add_argument("--draft-host-prep", choices=("framework", "on", "off"), default="framework",
+                    help="host input preparation (per sequence) on every draft pass: as the framework has it, "
+                         "or forced (sensitivity)")
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--rates", default="2,4,6,8,10,12,14,16,18,20,22,24,26,28")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
-    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=args.framework)
+    fw = scaled_framework(args.framework, args.host_scale, DRAFT_HOST_PREP[args.draft_host_prep])
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=fw)
     base = poisson(args.requests, 1.0, "128", "128", seed=0)
     setup = SimSetup(prof, base, max_k=8, table=TABLE, max_batch=256)
     rates = [float(x) for x in args.rates.split(",")]
@@ -61,7 +64,7 @@ def main() -> None:
         print(f"rate {r:5.1f}: " + "  ".join(f"{p} {lat['none'][-1] / lat[p][-1]:.3f}" for p in lat if p != "none"),
               flush=True)
     out = {"rates": rates, "latency_s": lat,
-           "crossover_req_s": {p: crossover(rates, [a / b for a, b in zip(lat["none"], lat[p], strict=True)])
+           "crossover_req_s": {p: crossover_rate(rates, [a / b for a, b in zip(lat["none"], lat[p], strict=True)])
                                for p in lat if p != "none"}}
     print(json.dumps(out["crossover_req_s"]))
     if args.json:

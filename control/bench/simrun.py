@@ -2,8 +2,9 @@
 
 ``SimSetup`` names what is fixed across a sweep (profile, workload, drafters, K, options);
 ``run_policy`` simulates one policy at one arrival rate and seed; ``measure_capacity`` finds the
-no-speculation capacity (requests per second the engine completes when it never idles), and
-``sweep`` runs every policy x load x seed with loads as fractions of that capacity.
+no-speculation capacity (the highest Poisson rate at which policy ``none`` keeps a bounded queue),
+and ``sweep`` runs every policy x load x seed with loads as fractions of that capacity; its rows
+measure past the ramp-up (``result_row``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ from control.profile import Profile
 RATE_ORACLE = "rate-oracle"  # diagnostic: true per-request acceptance, no foresight of outcomes
 DEFAULT_POLICIES = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7", "smartspec", "turbospec", "specserve",
                     "static-schedule", "hf-heuristic", "adaptive", "oracle")
+CAPACITY_REQUESTS = 4000  # Poisson requests per probe of the capacity search
+CAPACITY_REL_TOL = 0.02  # the search stops when the bracket is this narrow (relative)
+CAPACITY_HALVINGS = 20  # at most this many halvings below the saturated throughput
+WARMUP_SHARE = 0.2  # the first 20% of arrivals are ramp-up: outside the measured window
+BACKLOG_SHARE = 0.03  # a probe's queue is bounded if it grew by at most 3% of its window's arrivals
+SERIES_WINDOWS = 12  # per-window series of a run: this many equal spans of arrival time
+ORACLE_PRICE_ROUNDS = 3  # Dinkelbach rounds of the oracle's run-level price after its step-greedy run
 
 
 @dataclass
@@ -42,6 +50,7 @@ class SimSetup:
     acceptance_overrides: dict[str, float] | None = None
     max_batch: int | None = None
     table: AcceptanceTable | None = None  # default: control/bench/data/acceptance.yaml
+    verify_expansion: bool | None = None  # default: what the profile's framework records (roofline profiles)
 
     def __post_init__(self) -> None:
         names = self.drafters or self.profile.drafter_names
@@ -81,10 +90,26 @@ class SimSetup:
         lim = self.profile.limits
         return SimConfig(max_batch=self.max_batch or lim.max_batch, kv_tokens=lim.kv_tokens or (1 << 40),
                          token_budget=lim.token_budget or 8192, max_k=self.max_k,
-                         chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed)
+                         chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed,
+                         verify_expansion=self.expands_verify, host_token_ms=self.host_token_ms)
+
+    @property
+    def host_token_ms(self) -> float:
+        """Host time per generated token of the framework a roofline profile was built for (0 otherwise)."""
+        fw = self.profile.environment.get("framework")
+        return float(fw.get("host_token_us", 0.0)) / 1000.0 if isinstance(fw, dict) else 0.0
+
+    @property
+    def expands_verify(self) -> bool:
+        """Whether the simulated engine verifies by batch expansion: set explicitly, or as the framework
+        a roofline profile was built for records it."""
+        if self.verify_expansion is not None:
+            return self.verify_expansion
+        fw = self.profile.environment.get("framework")
+        return bool(fw.get("verify_expansion", False)) if isinstance(fw, dict) else False
 
 
-def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int):
+def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int, price: float | None = None):
     from control.policy import build_policy
     from control.policy.base import PolicyContext
     from control.policy.oracle import OraclePolicy
@@ -94,24 +119,50 @@ def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int):
 
         return RateOraclePolicy(PolicyContext.from_plan(plan), engine.peek_survival)
     if parse_policy_spec(spec).name == "oracle":
-        return OraclePolicy(PolicyContext.from_plan(plan), engine.peek)
+        return OraclePolicy(PolicyContext.from_plan(plan), engine.peek, price)
     return build_policy(spec, plan, seed=seed)
 
 
-def run_policy(setup: SimSetup, workload: Workload, spec: str, seed: int) -> SimResult:
-    """Simulate ``workload`` (already at its arrival rate) under policy ``spec``."""
+def _simulate(setup: SimSetup, workload: Workload, spec: str, seed: int, price: float | None = None) -> SimResult:
     plan = setup.plan()
     rr = setup.rates(workload, seed)
     proc = AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, setup.max_k, seed)
     cost = setup.profile.step_cost(setup.drafters)
     mape = {"target": setup.profile.models["target"].mape}
+    prefill = tuple(setup.profile.models[e.model].to_cost() if e.model else None for e in setup.entries)
     engine = SimEngine(cost, tuple(setup.drafters), workload.arrival_s, workload.prompt_tokens,
                        workload.output_tokens, proc, setup.config(seed),
-                       category=workload.category if workload.categories else None, mape=mape)
-    policy = make_policy(spec, plan, engine, seed)
+                       category=workload.category if workload.categories else None, mape=mape,
+                       prefill_costs=prefill)
+    policy = make_policy(spec, plan, engine, seed, price)
     res = engine.run(policy)
     res.policy = spec
     return res
+
+
+def run_policy(setup: SimSetup, workload: Workload, spec: str, seed: int) -> SimResult:
+    """Simulate ``workload`` (already at its arrival rate) under policy ``spec``.
+
+    ``oracle`` runs several times on the same arrivals and outcomes: first maximising each step's
+    goodput, then maximising tokens - price * step time with the price set to the goodput (tokens
+    per busy ms) of its previous run (Dinkelbach on the run's goodput). Per-step choices cannot see
+    that finishing a request early changes later batches (at light load a plain token later costs
+    less than the run's average), so every fixed k is run too: the run with the least busy time,
+    hence the highest goodput, in hindsight is its result."""
+    if spec == RATE_ORACLE or parse_policy_spec(spec).name != "oracle":
+        return _simulate(setup, workload, spec, seed)
+    best = res = _simulate(setup, workload, spec, seed)
+    for _ in range(ORACLE_PRICE_ROUNDS):
+        price = float(res.output_tokens.sum()) / (res.busy_s * 1000.0)
+        res = _simulate(setup, workload, spec, seed, price)
+        if res.busy_s < best.busy_s:
+            best = res
+    for k in range(setup.max_k + 1):
+        res = _simulate(setup, workload, f"fixed:{k}", seed)
+        if res.busy_s < best.busy_s:
+            best = res
+    best.policy = spec
+    return best
 
 
 def k_by_batch(res: SimResult) -> dict[str, float]:
@@ -128,17 +179,48 @@ def k_by_batch(res: SimResult) -> dict[str, float]:
 
 
 def result_row(setup: SimSetup, res: SimResult, load: float, seed: int, extra: dict | None = None) -> dict:
-    return run_row(res.policy, load, seed, res.arrival_s, res.first_token_s, res.finish_s, res.output_tokens,
-                   busy_s=res.busy_s, verified=res.verified, accepted=res.accepted, decode_steps=res.decode_steps,
-                   spec_steps=res.spec_steps, slo=setup.slo, k_hist=res.k_hist[: setup.max_k + 1],
-                   extra={"steps": res.steps, "mean_batch": round(res.request_steps / max(res.decode_steps, 1), 3),
-                          "k_by_batch": k_by_batch(res),
-                          **(extra or {})})
+    """One bench row. Latency, TTFT, TPOT and SLO figures cover the measured window (requests
+    arriving after the ramp-up, ``steady_window``); goodput and throughput the whole run (busy time
+    is not attributable per request). ``extra.windows`` is the per-window series over arrival time."""
+    t0, t1 = steady_window(res.arrival_s)
+    m = res.arrival_s >= t0  # (N,) requests in the measured window
+    whole = run_row(res.policy, load, seed, res.arrival_s, res.first_token_s, res.finish_s, res.output_tokens,
+                    busy_s=res.busy_s)
+    row = run_row(res.policy, load, seed, res.arrival_s[m], res.first_token_s[m], res.finish_s[m],
+                  res.output_tokens[m], busy_s=res.busy_s, verified=res.verified, accepted=res.accepted,
+                  decode_steps=res.decode_steps, spec_steps=res.spec_steps, slo=setup.slo,
+                  k_hist=res.k_hist[: setup.max_k + 1],
+                  extra={"steps": res.steps, "mean_batch": round(res.request_steps / max(res.decode_steps, 1), 3),
+                         "k_by_batch": k_by_batch(res), "measured_window_s": [round(t0, 3), round(t1, 3)],
+                         "windows": arrival_windows(res), **(extra or {})})
+    row["goodput_tok_s"] = whole["goodput_tok_s"]
+    row["extra"]["throughput_tok_s"] = whole["extra"]["throughput_tok_s"]
+    row["extra"]["requests"] = int(res.arrival_s.size)
+    return row
 
 
-def measure_capacity(setup: SimSetup, requests: int = 1000, seed: int = 0) -> float:
-    """No-speculation capacity in req/s: everyone arrives at t = 0 and the engine never idles; the
-    completion rate between the 10th and 90th percentile of completions (ramp-up and drain excluded)."""
+def arrival_windows(res: SimResult, windows: int = SERIES_WINDOWS) -> list[dict]:
+    """Mean latency and TTFT of the requests arriving in each of ``windows`` equal spans of arrival
+    time (the series a time-varying trace is read by)."""
+    edges = np.linspace(float(res.arrival_s.min()), float(res.arrival_s.max()), windows + 1)
+    which = np.clip(np.searchsorted(edges, res.arrival_s, side="right") - 1, 0, windows - 1)  # (N,)
+    lat = res.finish_s - res.arrival_s
+    ttft = res.first_token_s - res.arrival_s
+    out = []
+    for i in range(windows):
+        sel = which == i
+        n = int(sel.sum())
+        out.append({"t_s": round(float(edges[i]), 3), "requests": n,
+                    "mean_latency_s": round(float(lat[sel].mean()), 4) if n else None,
+                    "ttft_s": round(float(ttft[sel].mean()), 4) if n else None})
+    return out
+
+
+def saturated_throughput(setup: SimSetup, requests: int = 1000, seed: int = 0) -> float:
+    """No-speculation completion rate in req/s when everyone arrives at t = 0 and the engine never
+    idles, between the 10th and 90th percentile of completions (ramp-up and drain excluded). With
+    every prompt prefilled in full batches up front this is an upper bound on what Poisson arrivals
+    sustain, not the capacity (``measure_capacity``)."""
     w = setup.workload.head(min(requests, setup.workload.n)).at_time_zero()
     res = run_policy(setup, w, "none", seed)
     fin = np.sort(res.finish_s)
@@ -146,6 +228,59 @@ def measure_capacity(setup: SimSetup, requests: int = 1000, seed: int = 0) -> fl
     if hi <= lo or fin[hi] <= fin[lo]:
         return fin.size / max(fin[-1], 1e-9)
     return (hi - lo) / (fin[hi] - fin[lo])
+
+
+def steady_window(arrival_s: np.ndarray) -> tuple[float, float]:
+    """The measured window of a run: from the arrival of the first request past the ramp-up
+    (``WARMUP_SHARE`` of arrivals) to the last arrival."""
+    arr = np.sort(np.asarray(arrival_s, dtype=np.float64))
+    return float(arr[int(WARMUP_SHARE * (arr.size - 1))]), float(arr[-1])
+
+
+def queue_bounded(res: SimResult) -> bool:
+    """Whether a run's queue stayed bounded over its measured window: the requests in the system
+    (arrived, not finished) grew by at most ``BACKLOG_SHARE`` of the window's arrivals."""
+    t0, t1 = steady_window(res.arrival_s)
+    arrived = int((res.arrival_s <= t1).sum()) - int((res.arrival_s <= t0).sum())
+    in_sys0 = int(((res.arrival_s <= t0) & (res.finish_s > t0)).sum())
+    in_sys1 = int(((res.arrival_s <= t1) & (res.finish_s > t1)).sum())
+    return in_sys1 - in_sys0 <= BACKLOG_SHARE * max(arrived, 1)
+
+
+def poisson_probe(base: Workload, rate: float, requests: int, seed: int) -> Workload:
+    """``requests`` Poisson arrivals at ``rate`` carrying the workload's lengths in order (cycled)."""
+    from dataclasses import replace
+
+    from control.bench.workloads import poisson_arrivals
+
+    rng = np.random.default_rng([seed, 31])
+    idx = np.arange(requests) % base.n
+    return replace(base, arrival_s=poisson_arrivals(rng, requests, rate), prompt_tokens=base.prompt_tokens[idx],
+                   output_tokens=base.output_tokens[idx], category=base.category[idx],
+                   notes={**base.notes, "rate_req_s": rate, "arrival_seed": seed, "probe": "poisson"})
+
+
+def measure_capacity(setup: SimSetup, requests: int = CAPACITY_REQUESTS, seed: int = 0) -> float:
+    """No-speculation capacity in req/s: the highest Poisson arrival rate at which policy ``none``
+    keeps its queue bounded over ``requests`` arrivals with the workload's lengths
+    (``queue_bounded``), found by bisection below the saturated throughput. A trace replayed at
+    this mean rate keeps its own burstiness on top."""
+    def bounded(rate: float) -> bool:
+        return queue_bounded(run_policy(setup, poisson_probe(setup.workload, rate, requests, seed), "none", seed))
+
+    hi = saturated_throughput(setup, min(requests, 1000), seed) * 1.05
+    lo = hi * 0.5
+    for _ in range(CAPACITY_HALVINGS):  # capacity is usually 0.8-0.9x the saturated throughput
+        if bounded(lo):
+            break
+        hi, lo = lo, lo * 0.5
+    else:
+        raise ConfigError(f"no Poisson rate down to {lo:.3g} req/s keeps the queue of policy none bounded; "
+                          "check the profile and workload")
+    while hi - lo > CAPACITY_REL_TOL * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if bounded(mid) else (lo, mid)
+    return lo
 
 
 def workload_at(setup: SimSetup, rate: float, requests: int | None, seed: int) -> Workload:
@@ -234,3 +369,18 @@ def _run_jobs(setup, jobs, capacity, requests, workers, progress):
                 load, seed, pol = jobs[i]
                 progress(f"{i + 1}/{len(jobs)} {pol} load {load:g} seed {seed}")
         return out
+
+
+def crossover_rate(rates: list[float], speedup: list[float]) -> float | None:
+    """The first rate at which ``speedup`` (no-speculation latency / speculative latency) falls to 1
+    or below, interpolated linearly between neighbouring rates; None if it stays above 1."""
+    if len(rates) != len(speedup):
+        raise ConfigError(f"{len(rates)} rates for {len(speedup)} speedups")
+    if speedup and speedup[0] <= 1.0:
+        return float(rates[0])
+    for i in range(1, len(rates)):
+        s0, s1 = speedup[i - 1], speedup[i]
+        if s0 > 1.0 >= s1:
+            r0, r1 = rates[i - 1], rates[i]
+            return float(r0 + (s0 - 1.0) * (r1 - r0) / (s0 - s1))
+    return None

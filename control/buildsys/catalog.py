@@ -98,6 +98,11 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000),
         ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, rope_theta=500000.0, max_position=131072),
         ModelShape("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, rope_theta=500000.0, max_position=131072),
+        # Vicuna v1.5 7B/13B are Llama-2 fine-tunes (same shapes); Vicuna-33B v1.3 is LLaMA-1 33B.
+        ModelShape("vicuna-7b", 32, 4096, 32, 32, 11008, 32000),
+        ModelShape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000),
+        ModelShape("vicuna-13b", 40, 5120, 40, 40, 13824, 32000),
+        ModelShape("vicuna-33b", 60, 6656, 52, 52, 17920, 32000, max_position=2048),
         ModelShape("llama-68m", 2, 768, 12, 12, 3072, 32000, max_position=2048),
         ModelShape("llama-160m", 12, 768, 12, 12, 3072, 32000, max_position=2048),
         ModelShape("tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, max_position=2048),

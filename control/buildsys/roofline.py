@@ -14,6 +14,12 @@ plus a per-pass overhead (launch, sampling, scheduling: a property of the servin
 per-layer kernel overhead, and with tensor parallelism two all-reduces per layer (latency plus
 2 (tp - 1) / tp of the hidden states over the interconnect).
 
+What a framework adds under load (``Framework``): verification by batch expansion (vLLM's 2024
+scorer: every verified token reads its request's KV again), and host time serial with the GPU per
+sequence in a pass (the profile's per-request term ``d``) and per generated token (the simulator's
+``host_token_ms``). These are what make speculation stop paying at moderate load on vLLM
+(docs/validation.md).
+
 Ceilings prefer measured values (``GpuSku.measured_*``, DESIGN.md section 6); a SKU without
 measurements uses its datasheet figures scaled by the H100's measured / datasheet ratio (the share
 of the datasheet any real kernel reaches), so every SKU is judged by the same yardstick.
@@ -27,7 +33,7 @@ into a normal profile (``source: roofline``) whose ``environment`` records how i
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import nnls
@@ -51,6 +57,15 @@ class Framework:
     layer_overhead_us: per layer per pass (kernel launches CUDA graphs do not hide, small-kernel tails).
     allreduce_latency_us: latency of one tensor-parallel all-reduce of a small message.
     attention_efficiency: share of the bandwidth ceiling decode attention reaches on the KV cache.
+    verify_expansion: the verification pass scores k + 1 tokens per request by batch expansion (each
+        request becomes k + 1 single-token sequences, each reading its own copy of the request's KV),
+        instead of one multi-token query over the KV read once.
+    host_seq_us: host time per sequence in a target pass (scheduling, input preparation), serial
+        with the GPU; with batch expansion every expanded sequence counts. Becomes the target's
+        per-request term ``d``.
+    host_token_us: host time per generated token (output processing, detokenisation, streaming).
+    draft_host_prep: every draft pass prepares its inputs on the host (``host_seq_us`` per sequence
+        per pass), as vLLM's MultiStepWorker did before it prepared draft steps on the GPU.
     """
 
     name: str
@@ -59,7 +74,14 @@ class Framework:
     allreduce_latency_us: float
     attention_efficiency: float
     note: str = ""
+    verify_expansion: bool = False
+    host_seq_us: float = 0.0
+    host_token_us: float = 0.0
+    draft_host_prep: bool = False
 
+
+VLLM_HOST_SEQ_US = 35.0
+VLLM_HOST_TOKEN_US = 40.0
 
 # Values are engineering estimates for each stack, written down once and used for every SKU and
 # model; docs/validation.md shows how far they are from published measurements.
@@ -68,18 +90,51 @@ FRAMEWORKS: dict[str, Framework] = {
     for f in (
         Framework("trtllm", 0.25, 2.0, 8.0, 0.85,
                   "TensorRT-LLM C++ executor with CUDA graphs and its custom one-shot/two-shot all-reduce"),
+        # Host time: vLLM's profile of v0.5.3 (Llama-3-8B, one H100, ShareGPT; blog.vllm.ai, 2024-09-05)
+        # found the GPU busy 38% of the time, scheduling and input preparation 29%, the API server
+        # (output processing, detokenisation) 33%. Speculative decoding in vLLM kept that serial
+        # loop (no async output processing or multi-step scheduling with a draft model). At the
+        # profile's load (max_num_seqs = 256 sequences, ~355 tokens of context) our roofline gives a
+        # 11.8 ms GPU step, so 29/38 x 11.8 ms / 256 = 35 us per sequence and 33/38 x 11.8 / 256 =
+        # 40 us per generated token. Verification: vLLM's speculative decoding when SmartSpec was
+        # written (mid 2024) scored proposals with BatchExpansionTop1Scorer
+        # (vllm/spec_decode/batch_expansion.py: "converts a list of sequences and multiple query
+        # positions to a new batch of sequences, each with a single query position ... strictly less
+        # efficient than MQA scoring").
         Framework("vllm", 0.8, 3.0, 15.0, 0.80,
-                  "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce)"),
+                  "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce; "
+                  "speculative verification by batch expansion)", verify_expansion=True,
+                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
+        # Later vLLM releases score proposals with MQAScorer (vllm/spec_decode/mqa_scorer.py): one
+        # multi-token query per request over its KV, as TensorRT-LLM does; host costs as above.
+        # Neither prepares draft passes on the host by default: vLLM's MultiStepWorker does so
+        # ("every step prepared on the CPU") only where its GPU multi-step path does not apply
+        # (``draft_host_prep``, for sensitivity runs).
+        Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
+                  "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
+                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )
 }
 
 
-def get_framework(name: str) -> Framework:
+def get_framework(name: str | Framework) -> Framework:
+    if isinstance(name, Framework):
+        return name
     if name not in FRAMEWORKS:
         raise ConfigError(f"unknown framework '{name}'; known: {', '.join(FRAMEWORKS)}")
     return FRAMEWORKS[name]
+
+
+def scaled_framework(name: str, host_scale: float = 1.0, draft_host_prep: bool | None = None) -> Framework:
+    """The named framework with its host times multiplied by ``host_scale`` and, when given, host
+    preparation of draft passes switched on or off (for sensitivity runs)."""
+    if not (math.isfinite(host_scale) and host_scale >= 0):
+        raise ConfigError(f"host_scale = {host_scale!r}: must be a finite number >= 0")
+    fw = get_framework(name)
+    fw = replace(fw, host_seq_us=fw.host_seq_us * host_scale, host_token_us=fw.host_token_us * host_scale)
+    return fw if draft_host_prep is None else replace(fw, draft_host_prep=draft_host_prep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +310,7 @@ def roofline_profile(
     drafts: list[str],
     tp: int = 1,
     *,
-    framework: str = "trtllm",
+    framework: str | Framework = "trtllm",
     fp8: bool = False,
     max_batch: int = 256,
     max_ctx: int | None = None,
@@ -308,6 +363,8 @@ def roofline_profile(
     if B.size < 3:
         raise ConfigError(f"the fit grid is empty for {sku} (KV capacity {kv_tokens} tokens); lower max_batch or raise tp")
     tfit, tmax = fit_roofline(Roofline(gpu, tcost, fw, ceil), B, S, T)
+    if fw.host_seq_us:
+        tfit = replace(tfit, d=fw.host_seq_us / 1000.0)
     models["target"] = _coeffs(tfit)
     fits.append(FitReport("target", tfit, int(B.size), tmax))
     drafter_entries = []
@@ -317,6 +374,9 @@ def roofline_profile(
         dB, dS, dT = grid.points(max_batch, dctx, kv_tokens, token_budget)
         sel = dT <= 2
         dfit, dmax = fit_roofline(Roofline(gpu, cost, fw, ceil), dB[sel], dS[sel], dT[sel])
+        if fw.draft_host_prep:
+            # each draft pass prepares its sequences' inputs on the host: per sequence per pass
+            dfit = replace(dfit, d=fw.host_seq_us / 1000.0)
         key = _slug(name)
         models[key] = _coeffs(dfit)
         fits.append(FitReport(key, dfit, int(sel.sum()), dmax))
@@ -329,7 +389,7 @@ def roofline_profile(
     pair = "+".join([_slug(target), *(_slug(d) for d in drafts)] + (["ngram"] if ngram_ms is not None else []))
     env = {
         "generator": "specctl roofline",
-        "command": command or _command(sku, target, drafts, tp, framework, fp8, max_batch, ngram_ms),
+        "command": command or _command(sku, target, drafts, tp, fw.name, fp8, max_batch, ngram_ms),
         "tp": tp,
         "precision": "fp8" if fp8 else "bf16",
         "ceilings": ceil.source,
@@ -354,9 +414,12 @@ def roofline_profile(
 
 
 def _coeffs(c: LinearCost) -> dict:
-    return {"a_ms_per_ctx_token": float(f"{c.a:.6g}"), "b_ms_per_batched_token": float(f"{c.b:.6g}"),
-            "c_ms": float(f"{c.c:.6g}"), "r2": round(c.r2, 5), "mape": round(c.mape, 3),
-            "resid_std_ms": round(c.resid_std_ms, 5)}
+    out = {"a_ms_per_ctx_token": float(f"{c.a:.6g}"), "b_ms_per_batched_token": float(f"{c.b:.6g}"),
+           "c_ms": float(f"{c.c:.6g}"), "r2": round(c.r2, 5), "mape": round(c.mape, 3),
+           "resid_std_ms": round(c.resid_std_ms, 5)}
+    if c.d:
+        out["d_ms_per_request"] = float(f"{c.d:.6g}")
+    return out
 
 
 def _command(sku, target, drafts, tp, framework, fp8, max_batch, ngram_ms) -> str:
@@ -396,10 +459,17 @@ class StepTimes:
             self._rd = Roofline(gpu, ModelCost.of(get_model(self.draft), 1), fw, ceil)
 
     def target_ms(self, batch, ctx, tokens_per_request=1):
-        return self._rf.forward_ms(np.asarray(batch) * np.asarray(ctx), np.asarray(batch) * tokens_per_request,
-                                   tokens_per_request)
+        """GPU time of one target pass computing ``tokens_per_request`` tokens for each of ``batch``
+        requests; with batch expansion each of the t tokens reads its own copy of the request's KV
+        (ctx + its offset). Host time is not included."""
+        t = np.asarray(tokens_per_request, dtype=np.float64)
+        per_req = np.asarray(ctx, dtype=np.float64)
+        if self._rf.framework.verify_expansion:
+            per_req = per_req * t + t * (t - 1) / 2
+        return self._rf.forward_ms(np.asarray(batch) * per_req, np.asarray(batch) * t, t)
 
     def draft_ms(self, batch, ctx):
+        """GPU time of one draft pass over ``batch`` requests."""
         if self._rd is None:
             raise ConfigError("no draft model given")
         return self._rd.forward_ms(np.asarray(batch) * np.asarray(ctx), np.asarray(batch), 1)

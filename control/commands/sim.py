@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
                      acceptance_overrides=dict(args.acceptance) or None)
     con.print(f"profile {profile.sku}/{profile.pair} ({profile.source}); {setup.workload.describe()}")
     capacity = args.capacity or measure_capacity(setup)
-    con.print(f"no-speculation capacity: {capacity:.3f} req/s "
-              f"({'given' if args.capacity else 'measured by the simulator, policy none, saturated'})")
+    how = "given" if args.capacity else "measured: the highest Poisson rate at which none keeps a bounded queue"
+    con.print(f"no-speculation capacity: {capacity:.3f} req/s ({how})")
     seeds = list(range(args.seeds))
     total = len(args.loads) * len(seeds) * len(args.policies)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

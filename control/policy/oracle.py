@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from control.errors import ConfigError
 from control.goodput.optimizer import Constraints, slo_ok
 from control.goodput.stepcost import StepCostModel
 from control.policy.base import I64, BasePolicy, PolicyContext
@@ -63,6 +64,19 @@ def _dinkelbach(cum: np.ndarray, limit: np.ndarray, n: int, fixed_ms: np.ndarray
     return k, g
 
 
+def _at_price(cum: np.ndarray, limit: np.ndarray, n: int, fixed_ms: np.ndarray, price: float):
+    """For every depth D = 1..Dmax: argmax over k_i in 0..min(limit_i, D) of
+    (n + sum k) - price * (fixed_D + sum cum[i, k_i]). Returns (k (Dmax, n), value (Dmax,))."""
+    Dmax = cum.shape[1] - 1
+    j = np.arange(Dmax + 1, dtype=np.float64)
+    D = np.arange(1, Dmax + 1)
+    mask = j[None, None, :] <= np.minimum(limit[None, :], D[:, None])[:, :, None]  # (Dmax, n, Dmax+1)
+    val = np.where(mask, j[None, None, :] - price * cum[None, :, :], -np.inf)
+    k = np.argmax(val, axis=2)
+    rows = np.arange(cum.shape[0])
+    return k.astype(I64), n + k.sum(axis=1) - price * (fixed_ms + cum[rows[None, :], k].sum(axis=1))
+
+
 def _trim(cost: StepCostModel, ctx, k, drafter, lag, cons: Constraints, n: int) -> np.ndarray:
     """Drop the deepest slots until KV slots, token budget and the SLO are met."""
     k = k.copy()
@@ -76,12 +90,16 @@ def _trim(cost: StepCostModel, ctx, k, drafter, lag, cons: Constraints, n: int) 
     return k
 
 
-def hindsight_k(cost: StepCostModel, ctx, L, cap, cons: Constraints | None = None, lag=None) -> tuple[np.ndarray, np.ndarray]:
+def hindsight_k(cost: StepCostModel, ctx, L, cap, cons: Constraints | None = None, lag=None,
+                price: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Best per-request (k, drafter) in hindsight.
 
     Args:
         ctx: (n,) context lengths. L: (n, m) accepted run per drafter (m = len(cost.drafters)).
         cap: (n,) per-request k cap. lag: (n, m) catch-up tokens per drafter.
+        price: None maximises the step's own goodput (tokens / ms); a price in tokens per ms
+            maximises tokens - price * ms instead, which summed over a run maximises the run's
+            goodput when the price is that goodput (Dinkelbach).
     Returns (k, drafter) arrays of shape (n,).
     """
     cons = cons or Constraints()
@@ -97,7 +115,14 @@ def hindsight_k(cost: StepCostModel, ctx, L, cap, cons: Constraints | None = Non
     if n == 0 or m == 0:
         return zero, zero
     plain = cost.plain_ms(ctx)
-    best = (n / plain, zero, zero)
+
+    def value_of(k, Ld, drafter, lag_d) -> float:
+        if price is None:
+            return realised_goodput(cost, ctx, k, Ld, drafter, lag_d)
+        tokens = n + float(np.minimum(k, Ld).sum())
+        return tokens - price * cost.step_ms(ctx, k, drafter, lag_d)
+
+    best = (n / plain if price is None else n - price * plain, zero, zero)
     per_drafter = []
     for d in range(m):
         limit = np.maximum(np.minimum(L[:, d], cap), 0)
@@ -109,19 +134,20 @@ def hindsight_k(cost: StepCostModel, ctx, L, cap, cons: Constraints | None = Non
         cum = _slot_cumcost(cost, d, ctx, lag[:, d], Dmax)
         drafter = np.full(n, d, dtype=I64)
         fixed = plain + dc.depth_ms * np.arange(1, Dmax + 1) + dc.const_ms
-        ks, gs = _dinkelbach(cum, limit, n, fixed)
+        ks, gs = _dinkelbach(cum, limit, n, fixed) if price is None else _at_price(cum, limit, n, fixed, price)
         top = None
         for D in np.argsort(-gs, kind="stable")[:2]:  # the best depth, and the runner-up in case trimming hurts it
             k = _trim(cost, ctx, ks[D], drafter, lag[:, d], cons, n)
-            g = realised_goodput(cost, ctx, k, L[:, d], drafter, lag[:, d])
+            g = value_of(k, L[:, d], drafter, lag[:, d])
             if top is None or g > top[0]:
                 top = (g, k, drafter)
         per_drafter.append((top, cum, limit))
         if top[0] > best[0]:
             best = top
     if m > 1 and sum(p is not None for p in per_drafter) > 1:
-        # Mixed: each request on the drafter with the best net value at the best single-drafter goodput.
-        g = best[0]
+        # Mixed: each request on the drafter with the best net value at the best single-drafter goodput
+        # (or at the given price).
+        g = best[0] if price is None else price
         score = np.full((n, m), -np.inf)
         kk = np.zeros((n, m), dtype=I64)
         for d, p in enumerate(per_drafter):
@@ -136,20 +162,26 @@ def hindsight_k(cost: StepCostModel, ctx, L, cap, cons: Constraints | None = Non
         k = kk[np.arange(n), drafter]
         lag_sel = lag[np.arange(n), drafter]
         k = _trim(cost, ctx, k, drafter, lag_sel, cons, n)
-        gm = realised_goodput(cost, ctx, k, L[np.arange(n), drafter], drafter, lag_sel)
+        gm = value_of(k, L[np.arange(n), drafter], drafter, lag_sel)
         if gm > best[0]:
             best = (gm, k, drafter)
     return best[1], best[2]
 
 
 class OraclePolicy(BasePolicy):
-    """The hindsight-optimal per-request k; ``peek(view)`` returns the (n, m_exec) accepted runs."""
+    """The hindsight-optimal per-request k; ``peek(view)`` returns the (n, m_exec) accepted runs.
+
+    ``price`` (tokens per ms): None maximises each step's goodput; a price maximises
+    tokens - price * step time, the per-step form of the run's goodput (see ``hindsight_k``)."""
 
     name = "oracle"
 
-    def __init__(self, ctx: PolicyContext, peek: Callable[[StepView], np.ndarray]) -> None:
+    def __init__(self, ctx: PolicyContext, peek: Callable[[StepView], np.ndarray], price: float | None = None) -> None:
         super().__init__(ctx)
         self.peek = peek
+        if price is not None and not (np.isfinite(price) and price > 0):
+            raise ConfigError(f"oracle price = {price!r}: must be a finite number of tokens per ms > 0")
+        self.price = price
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
         n = view.n
@@ -160,7 +192,7 @@ class OraclePolicy(BasePolicy):
         lag = view.draft_lag[:, np.maximum(cols, 0)]
         c = self.ctx.cons
         cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
-        k, d_ctx = hindsight_k(self.ctx.cost, view.ctx_lens, L, cap, cons, lag)
+        k, d_ctx = hindsight_k(self.ctx.cost, view.ctx_lens, L, cap, cons, lag, self.price)
         return Decision(k, self.exec_drafter(d_ctx), prefill_draft=True)
 
 

@@ -30,11 +30,13 @@ class SmartSpecPolicy(GlobalRateMixin, BasePolicy):
         c = self.ctx.cons
         return Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
 
+    def _draft_caps(self, view: StepView, cap: np.ndarray) -> np.ndarray:
+        """Per-request caps with 0 for requests whose draft has no state (no catch-up: they stay plain)."""
+        drafter = np.full(view.n, self.default_exec_drafter(), dtype=I64)
+        return np.where(self.lag_of(view, drafter) > 0, 0, cap)
+
     def _step_k(self, view: StepView, cap: np.ndarray) -> np.ndarray:
-        d = self.default_exec_drafter()
-        drafter = np.full(view.n, d, dtype=I64)
-        lag = self.lag_of(view, drafter)
-        cap = np.where(lag > 0, 0, cap)  # no catch-up: a request without draft state stays plain
+        """The goodput-maximising uniform k under ``cap`` (already the draft caps)."""
         surv = chain_survival(np.full(view.n, self.rate_est.rate), max(self.ctx.max_k, 1))
         choice = best_uniform_k(self.ctx.default_cost, view.ctx_lens, surv, cap, self._constraints(view))
         return choice.k
@@ -47,7 +49,7 @@ class SmartSpecPolicy(GlobalRateMixin, BasePolicy):
         return sum(self._zero_hist) / len(self._zero_hist) <= self.PREFILL_OFF_SHARE
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
-        k = self._step_k(view, cap)
+        k = self._step_k(view, self._draft_caps(view, cap))
         self._zero_hist.append(bool(k.max(initial=0) == 0))
         return Decision(k, np.full(view.n, self.default_exec_drafter(), dtype=I64),
                         prefill_draft=self.wants_draft_prefill(view))
@@ -58,8 +60,12 @@ class SmartSpecPolicy(GlobalRateMixin, BasePolicy):
 
 class TurboSpecPolicy(SmartSpecPolicy):
     """SmartSpec's optimiser plus TurboSpec's adaptive disable threshold (Listing 1): when the
-    optimiser first returns k = 0, the batch size is recorded; above it the draft prefill is skipped
-    (those requests stay non-speculative) and every RESET_STEPS skipped steps the threshold resets."""
+    optimiser returns k = 0, the batch size is recorded; above it the draft prefill is skipped
+    (those requests stay non-speculative) and every RESET_STEPS skipped steps the threshold resets.
+
+    The threshold is recorded only when the optimiser itself chose k = 0 for requests that could
+    draft: a batch whose requests all lack draft state (their prefill was skipped) gets k = 0
+    whatever the load, and recording that would keep the prefill off for good."""
 
     name = "turbospec"
     RESET_STEPS = 64
@@ -81,7 +87,8 @@ class TurboSpecPolicy(SmartSpecPolicy):
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
         prefill = self.wants_draft_prefill(view)
-        k = self._step_k(view, cap)
-        if k.max(initial=0) == 0:
+        dcap = self._draft_caps(view, cap)
+        k = self._step_k(view, dcap)
+        if dcap.max(initial=0) > 0 and k.max(initial=0) == 0:
             self.disable_batch_size = view.n
         return Decision(k, np.full(view.n, self.default_exec_drafter(), dtype=I64), prefill_draft=prefill)

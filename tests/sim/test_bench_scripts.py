@@ -111,3 +111,16 @@ def test_bar_check_reports_a_paired_interval_of_ours_over_the_best(bench_json):
     for v in report.bar_check(same)[0]:
         assert v["vs_best_ci"] == pytest.approx((1.05, 1.05)) and not v["pass"]
     assert report.paired_ratio(moved, 0.5, "adaptive", "no-such-policy") is None
+
+
+def test_validation_scripts_print_the_paper_tables(tmp_path):
+    """The crossover validations run as documented from outside the repo and print their verdicts."""
+    r = _script("validate_turbospec_tables.py", "--requests", "60", "--rows", "h100x4-70b-sonnet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "| h100x4-70b-sonnet | k=7 | 14.5 |" in r.stdout
+    assert "crossover within 25%:" in r.stdout and "of the 4 cells where the paper crosses" in r.stdout
+    r = _script("validate_turbospec_tables.py", "--rows", "nope", cwd=tmp_path)
+    assert r.returncode != 0 and "--rows: unknown nope" in r.stderr
+    r = _script("validate_smartspec_fig1.py", "--requests", "60", "--seeds", "1", "--rates", "4,16", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert '"fixed:5"' in r.stdout.splitlines()[-1]

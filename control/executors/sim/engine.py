@@ -21,7 +21,9 @@ tokens it generated. The draft prefill of new prompts runs when the policy's lat
 for it (``Decision.prefill_draft``), for every drafter that keeps state.
 
 Times: T_fwd from the profile's linear models (target: one verify pass over sum ctx and
-sum (k + 1) tokens plus any prefill tokens; drafts: one pass per draft depth), optionally multiplied
+sum (k + 1) tokens plus any prefill tokens, where an engine that verifies by batch expansion
+(``SimConfig.verify_expansion``, vLLM's scorer of 2024) reads each request's KV once per verified
+token as well; drafts: one pass per draft depth), optionally multiplied
 by lognormal noise whose spread is the fit's mean absolute error. Acceptance comes from
 ``AcceptanceProcess``; with a fixed seed the whole run is deterministic.
 """
@@ -53,6 +55,8 @@ class SimConfig:
     noise: bool = False
     seed: int = 0
     record_series: bool = True
+    verify_expansion: bool = False  # verification by batch expansion: k + 1 KV reads per request
+    host_token_ms: float = 0.0  # host time per generated token (output processing), serial with the GPU
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_tokens", "token_budget"):
@@ -60,6 +64,8 @@ class SimConfig:
                 raise ConfigError(f"sim {name} = {getattr(self, name)!r}: must be >= 1")
         if not 0 <= self.max_k <= 16:
             raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..16")
+        if not (math.isfinite(self.host_token_ms) and self.host_token_ms >= 0):
+            raise ConfigError(f"sim host_token_ms = {self.host_token_ms!r}: must be a finite number >= 0")
 
 
 @dataclass
@@ -95,8 +101,13 @@ class SimEngine:
 
     def __init__(self, cost: StepCostModel, drafters: tuple[str, ...], arrivals: np.ndarray, prompt: np.ndarray,
                  output: np.ndarray, acceptance: AcceptanceProcess, config: SimConfig,
-                 category: np.ndarray | None = None, mape: dict | None = None) -> None:
+                 category: np.ndarray | None = None, mape: dict | None = None,
+                 prefill_costs: tuple | None = None) -> None:
         self.cost = cost
+        # per drafter, the draft model's own cost for its prefill passes: a profile folds a draft's
+        # per-request term into its per-token one (decode passes carry one token per request), which
+        # would bill a prompt's host time once per prompt token
+        self._prefill_costs = prefill_costs
         self.drafters = tuple(drafters)
         if len(self.drafters) != len(cost.drafters):
             raise ConfigError(f"{len(self.drafters)} drafter names for {len(cost.drafters)} drafter costs")
@@ -231,7 +242,8 @@ class SimEngine:
                 chosen, clen = pending[:take], lens[:take]
                 tok = int(clen.sum())
                 t = self._noisy(tgt.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
-                t += self._draft_prefill_ms(0.0, tok, prefill_draft)
+                t += cfg.host_token_ms * chosen.size  # each prompt's first token
+                t += self._draft_prefill_ms(0.0, tok, prefill_draft, int(chosen.size))
                 now += t / 1000.0
                 res.busy_s += t / 1000.0
                 res.steps += 1
@@ -356,10 +368,22 @@ class SimEngine:
                         chunk_len[-1] -= over
                     chunk_prior = int(s_pref[chunk_slots].sum())
             ch_tok = int(chunk_len.sum())
-            t_verify = tgt.predict(float(ctx.sum()) + chunk_prior, float(n + vsum + ch_tok), 1,
-                                   n + chunk_slots.size) + cost.overhead_ms
+            v_ctx = float(ctx.sum()) + chunk_prior
+            v_seqs = n + chunk_slots.size
+            if cfg.verify_expansion and vsum:
+                # each verified token is its own sequence over the request's KV up to its position
+                v_ctx += float((verified * ctx).sum() + (verified * (verified + 1)).sum() / 2)
+                v_seqs += vsum
+            t_verify = tgt.predict(v_ctx, float(n + vsum + ch_tok), 1, v_seqs) + cost.overhead_ms
+            if n:
+                t_verify += cfg.host_token_ms * float(gen_step.sum())
             t_verify = self._noisy(t_verify, self._sigma_t)
-            t_pref_draft = self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft) if ch_tok else 0.0
+            t_pref_draft = (self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft, int(chunk_slots.size))
+                            if ch_tok else 0.0)
+            if ch_tok and cfg.host_token_ms:
+                # prompts whose last chunk is in this pass emit their first token
+                done_now = int((s_pref[chunk_slots] + chunk_len >= P[s_rid[chunk_slots]]).sum())
+                t_pref_draft += cfg.host_token_ms * done_now
             t_total = t_draft + t_verify + t_pref_draft
             now += t_total / 1000.0
             res.busy_s += t_total / 1000.0
@@ -441,14 +465,16 @@ class SimEngine:
                         token_budget=cfg.token_budget, max_k=K, drafters=self.drafters, now=now, step=step,
                         waiting=waiting)
 
-    def _draft_prefill_ms(self, prior: float, tokens: int, on: bool) -> float:
+    def _draft_prefill_ms(self, prior: float, tokens: int, on: bool, seqs: int = 1) -> float:
+        """Every stateful draft's prefill pass over ``tokens`` prompt tokens of ``seqs`` sequences."""
         if not on or tokens <= 0:
             return 0.0
         t = 0.0
         for i, d in enumerate(self.cost.drafters):
             if d.has_passes:
-                t += self._noisy(d.model.predict(d.draft_ctx(np.array([prior]))[0] if d.kind.value == "self_spec" else prior,
-                                                 tokens), self._sigma_d[i])
+                ctx = d.draft_ctx(np.array([prior]))[0] if d.kind.value == "self_spec" else prior
+                model = self._prefill_costs[i] if self._prefill_costs and self._prefill_costs[i] else d.model
+                t += self._noisy(model.predict(ctx, tokens, 1, seqs), self._sigma_d[i])
         return t
 
     def _finish_prefill(self, chosen, clen, prefill_draft, s_pref, s_gen, s_ctx, s_lag, decoding, first, now) -> None:
@@ -477,7 +503,9 @@ class SimEngine:
         c_tok = float((passes * dctx).sum() + (passes * (passes - 1)).sum() / 2)
         b_tok = int(passes.sum() + lag[passes > 0].sum())
         mdl = dc.model
-        return mdl.a * c_tok + mdl.b * b_tok + mdl.c * pmax + dc.const_ms, int(c_tok), b_tok, pmax
+        seq_passes = float(passes.sum())  # the draft's per-request term d is paid per request per pass
+        return (mdl.a * c_tok + mdl.b * b_tok + mdl.c * pmax + mdl.d * seq_passes + dc.const_ms, int(c_tok), b_tok,
+                pmax)
 
     def _fast_forward(self, dec, rid, ctx, rem, now, nxt, s_gen, s_ctx, s_lag, s_rid, active, decoding, free, finish,
                       done, kv_reserved, kv_used, step, res, k_hist, ser):
@@ -488,7 +516,7 @@ class SimEngine:
         horizon = int(rem.min())
         s_idx = np.arange(horizon, dtype=np.float64)
         c0 = float(ctx.sum())
-        t_ms = tgt.a * (c0 + s_idx * n) + (tgt.b + tgt.d) * n + tgt.c + self.cost.overhead_ms
+        t_ms = tgt.a * (c0 + s_idx * n) + (tgt.b + tgt.d + self.cfg.host_token_ms) * n + tgt.c + self.cost.overhead_ms
         ends = now + np.cumsum(t_ms) / 1000.0
         j = horizon
         if nxt < self.arr.shape[0] and self.arr[nxt] > now:
