@@ -113,6 +113,12 @@ class StatsRequest:
     pass
 
 
+def _show(v: Any, width: int = 40) -> str:
+    """A value for an error message, cut to ``width`` characters."""
+    r = repr(v)
+    return r if len(r) <= width else r[:width] + "..."
+
+
 def _scalar(name: str, arr: np.ndarray):
     a = np.asarray(arr)
     if a.size != 1:
@@ -128,10 +134,10 @@ def _number(name: str, arr: np.ndarray, kind: str, lo, hi):
     ok_int = isinstance(v, int) and not isinstance(v, bool)
     if kind == "int":
         if not ok_int:
-            raise ConfigError(f"{name} = {str(v)[:40]!r}: must be an integer >= {lo}"
+            raise ConfigError(f"{name} = {_show(v)}: must be an integer >= {lo}"
                               + (f" and <= {hi}" if hi is not None else ""))
     elif not (ok_int or isinstance(v, float)) or not np.isfinite(v):
-        raise ConfigError(f"{name} = {str(v)[:40]!r}: must be a finite number >= {lo}")
+        raise ConfigError(f"{name} = {_show(v)}: must be a finite number >= {lo}")
     if v < lo or (hi is not None and v > hi):
         rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
         raise ConfigError(f"{name} = {v}: must be {rng}")
@@ -171,7 +177,7 @@ def _flag(name: str, arr: np.ndarray) -> bool:
         return bool(v)
     if isinstance(v, int) and v in (0, 1):
         return bool(v)
-    raise ConfigError(f"{name} = {str(v)[:40]!r}: must be true or false")
+    raise ConfigError(f"{name} = {_show(v)}: must be true or false")
 
 
 def _given(tensors: Mapping[str, np.ndarray | None], name: str) -> bool:
@@ -197,7 +203,7 @@ def _neutral_inputs(tensors: Mapping[str, np.ndarray | None]) -> None:
         v = _flag(name, tensors[name]) if isinstance(neutral, bool) else _scalar(name, tensors[name])
         if isinstance(v, bool) != isinstance(neutral, bool) or v != neutral:
             why = NEUTRAL_WHY.get(name, "sampling penalties are not supported")
-            raise ConfigError(f"{name} = {str(v)[:40]}: only {str(neutral).lower()} is accepted ({why})")
+            raise ConfigError(f"{name} = {_show(v)}: only {str(neutral).lower()} is accepted ({why})")
 
 
 def _prompt(tensors: Mapping[str, np.ndarray | None], limits: Limits,
@@ -240,8 +246,10 @@ def _policy_cap(tensors: Mapping[str, np.ndarray | None], deployment_policy: str
                           "(e.g. 'none' or the deployment's policy)")
     try:
         spec = str(parse_policy_spec(name))  # unknown names: ConfigError listing the accepted ones
+    except ConfigError as e:
+        raise ConfigError(str(e) if str(e).startswith("policy") else f"policy: {e}") from None
     except ValueError as e:  # e.g. a number too long to convert
-        raise ConfigError(f"policy = {name[:40]!r}: not a policy name ({e})") from None
+        raise ConfigError(f"policy = {_show(name)}: not a policy name ({e})") from None
     if spec == "none":
         return 0
     if spec != deployment_policy:
