@@ -321,7 +321,7 @@ class LlmModel(ResponseSender):
     def __init__(self, pb, args: dict[str, Any]) -> None:
         import torch
 
-        p = self._read_config(pb, args)
+        p = self._read_config(pb, args, need_decoupled=False)
         torch.set_num_threads(p.threads)
         self._load(p)
         self.limits = Limits(max_tokens=p.max_tokens, default_max_tokens=min(p.default_max_tokens, p.max_tokens),
