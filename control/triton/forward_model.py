@@ -49,14 +49,16 @@ class ForwardModel:
         self.inputs = [i["name"] for i in config.get("input", [])]
         self.outputs = [o["name"] for o in config.get("output", []) if o["name"] != "batch_index"]
 
-    def execute(self, requests) -> None:
+    def execute(self, requests) -> str | None:
+        """Start forwarding each request; returns the error of a batch of one refused request (the
+        Triton entry point raises it, so Triton counts a failed request)."""
         for request in requests:
             try:
                 check_parameters(request.parameters())
                 rows = self._rows(request)
             except ConfigError as e:
-                if len(requests) == 1:  # raised: Triton counts it as a failed request
-                    raise self.pb.TritonModelException(str(e)) from None
+                if len(requests) == 1:
+                    return str(e)
                 self._send_error(request.get_response_sender(), str(e), final=True)
                 continue
             wanted = [n for n in request.requested_output_names() if n in self.outputs] or self.outputs

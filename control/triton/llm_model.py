@@ -232,12 +232,13 @@ class ResponseSender:
         self.metrics = LlmMetrics(pb, self.config.get("name", "llm"))
         return self.params
 
-    def execute(self, requests) -> None:
+    def execute(self, requests) -> str | None:
         """Parse each request and start it; a refused request gets an error naming the value.
 
-        A batch of one refused request is failed by raising, so Triton counts it in
-        ``nv_inference_request_failure`` (an error sent through a decoupled sender counts as a
-        success); in larger batches each refused request gets its error through its own sender."""
+        Returns the error of a batch of one refused request: the Triton entry point raises it, so
+        Triton counts the request in ``nv_inference_request_failure`` (an error sent through a
+        decoupled sender counts as a success); in larger batches each refused request gets its
+        error through its own sender."""
         for request in requests:
             sender = None
             try:
@@ -256,7 +257,7 @@ class ResponseSender:
             self.counters.rejected += 1
             self.metrics.rejected()
             if len(requests) == 1:
-                raise self.pb.TritonModelException(message)
+                return message
             self._send_error(sender or request.get_response_sender(), message)
         return None
 
