@@ -106,8 +106,11 @@ class ForwardModel:
         return pb.InferenceRequest(model_name=TARGET, inputs=tensors, requested_output_names=wanted)
 
     def _stream(self, rows, wanted, sender) -> None:
-        """Decoupled: forward each response as it comes; the last one sent carries the final flag."""
+        """Decoupled: forward each response as it comes. Streamed rows go out at once and a flags-only
+        response ends the request; otherwise (one response per row) the last response carries the
+        final flag, as Triton's HTTP ``generate`` wants exactly one response."""
         iters = [self._request(row, wanted).exec(decoupled=True) for row in rows]
+        eager = any(bool(np.asarray(row["stream"]).reshape(-1)[0]) for row in rows if "stream" in row)
         held = None  # (outputs, error) waiting for the next one, so the last can carry the final flag
         for b, responses in enumerate(iters):
             for r in responses:
@@ -121,6 +124,10 @@ class ForwardModel:
                 if held is not None and not self._cancelled(sender):
                     self._emit(sender, held, final=False)
                 held = item
+                if eager:
+                    if not self._cancelled(sender):
+                        self._emit(sender, held, final=False)
+                    held = None
         if held is not None and not self._cancelled(sender):
             self._emit(sender, held, final=True)
         else:

@@ -126,3 +126,20 @@ def test_docs_curl_body_to_ensemble_generate(deployment):
     assert r.status_code == 200, r.text
     ours = grpc_generate(deployment.grpc_url, PROMPTS[5], GenParams(max_tokens=10))
     assert r.json()["text_output"] == ours.text and r.json()["output_ids"] == ours.token_ids
+
+
+def test_generate_stream_on_an_alias_streams_every_token(deployment):
+    import json
+
+    ours = grpc_generate(deployment.grpc_url, PROMPTS[7], GenParams(max_tokens=10))
+    body = {"text_input": PROMPTS[7], "max_tokens": 10, "stream": True}
+    events = []
+    with httpx.stream("POST", f"{deployment.http_url}/v2/models/tensorrt_llm_bls/generate_stream", json=body,
+                      timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    assert all("error" not in e for e in events), events
+    assert "".join(e["text_output"] for e in events) == ours.text
+    ids = [i for e in events for i in (e["output_ids"] if isinstance(e["output_ids"], list) else [e["output_ids"]])]
+    assert ids == ours.token_ids and len(events) > 1  # streamed, every token once
