@@ -184,3 +184,42 @@ def test_custom_metrics_count_tokens_drafts_and_latency(deployment):
     assert delta["specctl_generation_latency_seconds_count"] == 1
     assert delta["specctl_time_to_first_token_seconds_count"] == 1
     assert "# TYPE specctl_generation_latency_seconds histogram" in after
+
+
+def _generated_cases() -> list[tuple[str, np.ndarray]]:
+    """(input name, a value the model must refuse) for every numeric and flag input of the contract."""
+    from control.triton.llm_request import NEUTRAL, SCALARS
+
+    cases = []
+    for name, (kind, lo, hi) in SCALARS.items():
+        if kind == "int" and name != "random_seed":
+            cases += [(name, np.array([lo - 1], dtype=np.int32)), (name, np.array([3, 4], dtype=np.int32))]
+        elif kind == "float":
+            cases += [(name, np.array([v], dtype=np.float32)) for v in (np.nan, np.inf, -np.inf, lo - 1)]
+    cases.append(("max_tokens", np.array([2**31 - 1], dtype=np.int32)))
+    for name, neutral in NEUTRAL.items():
+        if isinstance(neutral, bool):
+            cases.append((name, np.array([True])))
+        elif isinstance(neutral, int):
+            cases += [(name, np.array([neutral + 2], dtype=np.int32)), (name, np.array([-7], dtype=np.int32))]
+        else:
+            cases += [(name, np.array([v], dtype=np.float32)) for v in (neutral + 0.5, np.nan)]
+    for name in ("stream", "exclude_input_in_output", "return_perf_metrics", "stats"):
+        cases.append((name, np.array([True, False])))
+    return cases
+
+
+GENERATED = _generated_cases()
+
+
+@pytest.mark.parametrize("model", ["llm", "ensemble", "tensorrt_llm_bls"])
+def test_grpc_generated_sweep_over_every_input(deployment, model):
+    batched = model != "llm"
+    for name, value in GENERATED:
+        inputs = {"text_input": _s("def f("), name: value}
+        if batched:  # upstream's shapes: a leading batch dimension of 1
+            inputs = {n: a[None, ...] for n, a in inputs.items()}
+        error = _grpc_error(deployment, inputs, model)
+        assert name in error and "internal error" not in error and ".py(" not in error, (model, name, value, error[:300])
+    assert len(GENERATED) >= 40
+    assert grpc_generate(deployment.grpc_url, PROMPTS[3], GenParams(max_tokens=4)).token_ids
