@@ -191,7 +191,7 @@ def _generated_cases() -> list[tuple[str, np.ndarray]]:
     from control.triton.llm_request import NEUTRAL, SCALARS
 
     cases = []
-    for name, (kind, lo, hi) in SCALARS.items():
+    for name, (kind, lo, _hi) in SCALARS.items():
         if kind == "int" and name != "random_seed":
             cases += [(name, np.array([lo - 1], dtype=np.int32)), (name, np.array([3, 4], dtype=np.int32))]
         elif kind == "float":
