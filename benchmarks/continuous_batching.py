@@ -18,7 +18,9 @@ policy's decisions and model clock repeat exactly, even with other jobs on the m
 
 A policy may name its drafters: ``fixed:3@draft-tiny`` runs draft-tiny (first named = default, the
 one new requests prefill), ``adaptive@draft-small+ngram`` chooses between those two; ``adaptive-1d``
-is adaptive on the engine's first draft model only.
+is adaptive on the engine's first draft model only. A ``+stale`` suffix (``adaptive+stale``) runs
+the policy one step stale (``control.policy.stale.OneStepStale``: it decides step t+1 before it
+learns step t's outcome, as under an overlap scheduler).
 
     python benchmarks/continuous_batching.py --engine-dir engines/cpu --batch 16 [--requests 64]
         [--policies fixed:2,fixed:3,adaptive,adaptive-1d] [--repeats 2] [--threads 1]
@@ -92,6 +94,11 @@ def main(argv=None) -> int:
     lengths = np.clip(rng.lognormal(np.log(args.max_tokens) - 0.18, 0.6, args.requests), 4, 4 * args.max_tokens).astype(int)
 
     def make(spec: str):
+        if spec.endswith("+stale"):
+            from control.policy.stale import OneStepStale
+
+            policy, default, cost = make(spec.removesuffix("+stale"))
+            return OneStepStale(policy), default, cost
         name, _, named = spec.partition("@")
         drafters = [drafter] if name.endswith("-1d") else (named.split("+") if named else active)
         name = name.removesuffix("-1d")

@@ -1,12 +1,17 @@
 """Decision cost per engine step vs the modelled step time (the fast loop must cost < 1% of a step).
 
     python benchmarks/decision_cost.py [--profile profiles/h100/llama-3.1-8b+llama-3.2-1b.yaml]
-        [--batches 1,32,256] [--max-k 8] [--policies adaptive,smartspec,...] [--ctx 2048] [--json OUT]
+        [--batches 1,32,256] [--max-k 8] [--policies adaptive,smartspec,...] [--ctx 2048] [--stages]
+        [--json OUT]
 
 For each batch size it builds a realistic StepView (mixed contexts around --ctx, a mix of drafters,
 some lagging requests), runs decide + observe on steady state for many steps, and reports the median
 and p99 wall time next to the profile's predicted time for the step the policy chose. Timings on a
 shared machine are noisy: the ratio is what matters and is measured in the same run.
+
+``--stages`` also times the stages of ``adaptive``'s step (median microseconds per step, by wrapping
+the methods that hold them; the wrappers add about half a microsecond per call, so the stage timings
+run separately from the totals above).
 """
 
 from __future__ import annotations
@@ -28,9 +33,56 @@ from control.profile import load_profile  # noqa: E402
 DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "h100" / "llama-3.1-8b+llama-3.2-1b.yaml"
 
 
-def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 0) -> dict:
+# adaptive's stages: (stage, attribute path on the policy or module function in control.policy.adaptive)
+STAGES = (
+    ("survival", "survival"), ("weights", "_residence_weights"), ("optimiser", "admit_parametric"),
+    ("cuts", "_cuts"), ("pace", "_note_pace"),
+    ("tried", "_tried"), ("estimators", "_learn"), ("refit", "_refit"),
+)
+DECIDE_STAGES = ("survival", "weights", "optimiser", "cuts", "pace")
+
+
+class StageTimer:
+    """Accumulates wall time per stage within a step; ``step()`` closes the step's row."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, float] = {}
+        self.rows: list[dict[str, float]] = []
+
+    def wrap(self, stage: str, fn):
+        def timed(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.now[stage] = self.now.get(stage, 0.0) + time.perf_counter() - t0
+        return timed
+
+    def step(self) -> None:
+        self.rows.append(self.now)
+        self.now = {}
+
+
+def instrument(pol, timer: StageTimer) -> list:
+    """Wrap adaptive's stages on this policy instance (module functions: patched; undone by the
+    returned callables)."""
+    import control.policy.adaptive as mod
+
+    undo = []
+    for stage, attr in STAGES:
+        if hasattr(pol, attr):
+            setattr(pol, attr, timer.wrap(stage, getattr(pol, attr)))
+        elif hasattr(mod, attr):
+            orig = getattr(mod, attr)
+            setattr(mod, attr, timer.wrap(stage, orig))
+            undo.append(lambda a=attr, o=orig: setattr(mod, a, o))
+    return undo
+
+
+def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 0, timer: StageTimer | None = None) -> dict:
     rng = np.random.default_rng(seed)
     pol = build_policy(policy_name, plan, seed=seed)
+    undo = instrument(pol, timer) if timer is not None else []
     drafters = tuple(plan.drafters)
     m = len(drafters)
     ctx_lens = rng.integers(max(ctx // 4, 16), ctx * 2, batch)
@@ -59,8 +111,13 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
         t3 = time.perf_counter()
         decide_s.append(t1 - t0)
         observe_s.append(t3 - t2)
+        if timer is not None:
+            timer.now["decide"], timer.now["observe"] = t1 - t0, t3 - t2
+            timer.step()
         cost = plan.profile.step_cost(list(drafters))
         step_ms.append(cost.step_ms(view.ctx_lens, k, np.maximum(d.drafter, 0)))
+    for u in undo:
+        u()
     warm = steps // 5
     dec = np.array(decide_s[warm:]) * 1e6
     obs = np.array(observe_s[warm:]) * 1e6
@@ -81,6 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--policies", default="adaptive,smartspec,turbospec,specserve,static-schedule,fixed:3")
+    ap.add_argument("--stages", action="store_true", help="also time adaptive's stages (a separate pass)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not Path(args.profile).is_file():
@@ -100,9 +158,33 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['policy']:18s} {r['batch']:5d} {r['decide_us_p50']:10.1f} {r['observe_us_p50']:11.1f} "
               f"{r['total_us_p99']:8.1f} {r['modelled_step_ms']:8.2f} {r['share_pct']:6.2f}%")
+    out = {"rows": rows}
+    if args.stages:
+        out["stages"] = stage_table(plan, [int(x) for x in args.batches.split(",")], args.ctx, args.steps)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
+
+
+def stage_table(plan, batches: list[int], ctx: int, steps: int) -> list[dict]:
+    """adaptive's median time per stage per step, printed and returned."""
+    names = [s for s, _ in STAGES]
+    table = []
+    for b in batches:
+        timer = StageTimer()
+        bench("adaptive", plan, b, ctx, steps, timer=timer)
+        rows = timer.rows[steps // 5:]
+        med = {s: float(np.median([r.get(s, 0.0) for r in rows])) * 1e6 for s in names + ["decide", "observe"]}
+        dec_rest = np.median([r["decide"] - sum(r.get(s, 0.0) for s in DECIDE_STAGES) for r in rows]) * 1e6
+        obs_rest = np.median([r["observe"] - sum(r.get(s, 0.0) for s in names if s not in DECIDE_STAGES)
+                              for r in rows]) * 1e6
+        table.append({"batch": b, **med, "decide_other": float(dec_rest), "observe_other": float(obs_rest)})
+    cols = names + ["decide_other", "observe_other"]
+    print("adaptive per stage, median us per step (instrumented pass):")
+    print(f"{'batch':>5s} " + " ".join(f"{c[:12]:>12s}" for c in cols))
+    for r in table:
+        print(f"{r['batch']:5d} " + " ".join(f"{r[c]:12.1f}" for c in cols))
+    return table
 
 
 if __name__ == "__main__":

@@ -28,10 +28,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from control.errors import ConfigError, describe_validation_error
-from control.goodput.acceptance import chain_expected
+from control.goodput.acceptance import DEFAULT_ACCEPTANCE, chain_expected
 from control.goodput.optimizer import Constraints
 from control.goodput.stepcost import StepCostModel, uniform_step_ms
-from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
+from control.policyspec import MAX_K_LIMIT, parse_policy_spec
 from control.profile import Profile
 
 PLAN_SCHEMA = "specctl.plan/v1"
@@ -146,9 +146,6 @@ class KTable(BaseModel):
         bi, ci, ai = self._idx(batch, ctx, acc)
         return int(self.k[bi][ci][ai])
 
-    def cut(self, batch: int, ctx: int, acc: float) -> float:
-        bi, ci, ai = self._idx(batch, ctx, acc)
-        return float(self.conf_cut[bi][ci][ai])
 
 
 class Plan(BaseModel):
@@ -200,7 +197,7 @@ class Plan(BaseModel):
     # -- lookups for the controller -----------------------------------------------------------------
     def prior_rate(self, drafter: str | None = None) -> float:
         name = drafter or self.default_drafter
-        return self.acceptance.rate.get(name, self.profile.acceptance.get(name, 0.6))
+        return self.acceptance.rate.get(name, self.profile.acceptance.get(name, DEFAULT_ACCEPTANCE))
 
     def lookup_k(self, batch: int, ctx: int, acc: float | None = None) -> int:
         if self.force_off:
@@ -336,7 +333,7 @@ def compile_plan(
                                 limits.kv_tokens, limits.token_budget)
     table = KTable(drafter=default, batch=list(batch_buckets), ctx=list(ctx_buckets), acceptance=list(acc_buckets),
                    k=k_tab.tolist(), conf_cut=np.round(cut_tab, 6).tolist())
-    rate = acceptance.rate.get(default, profile.acceptance.get(default, 0.6))
+    rate = acceptance.rate.get(default, profile.acceptance.get(default, DEFAULT_ACCEPTANCE))
     gate = gate.model_copy() if gate is not None else GateParams()
     if gate.b_off is None:
         gate.b_off = threshold_batch(cost, typical_ctx(profile), rate, max_k, limits.max_batch, slo)

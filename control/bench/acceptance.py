@@ -18,6 +18,7 @@ import yaml
 from scipy.optimize import brentq
 
 from control.errors import ConfigError
+from control.goodput.acceptance import MAX_RATE
 
 TABLE_PATH = Path(__file__).with_name("data") / "acceptance.yaml"
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -171,4 +172,4 @@ def request_rates(workload, drafters: list[tuple[str, str, bool]], seed: int = 0
         a = mean_r * base.concentration
         b = (1.0 - mean_r) * base.concentration
         rates[:, i] = beta_dist.ppf(u, a, b)
-    return RequestRates(np.clip(rates, 0.0, 0.999), decay, info, means, sources)
+    return RequestRates(np.clip(rates, 0.0, MAX_RATE), decay, info, means, sources)

@@ -21,7 +21,7 @@ from control.bench.workloads import Workload
 from control.errors import ConfigError
 from control.executors.sim import AcceptanceProcess, SimConfig, SimEngine, SimResult
 from control.plan import AcceptanceState, Plan, compile_plan
-from control.policy.spec import parse_policy_spec
+from control.policyspec import parse_policy_spec
 from control.profile import Profile
 
 RATE_ORACLE = "rate-oracle"  # diagnostic: true per-request acceptance, no foresight of outcomes

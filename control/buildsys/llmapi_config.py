@@ -41,7 +41,7 @@ from control.buildsys.trtllm_rules import (
 )
 from control.errors import ConfigError
 from control.plan import Plan, compile_plan, trtllm_schedule, typical_ctx
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT
 
 QUANT_FORMAT = {"fp8": "fp8", "nvfp4": "nvfp4"}
 

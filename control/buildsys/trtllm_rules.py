@@ -45,7 +45,7 @@ from bisect import bisect_left, bisect_right
 from enum import Enum
 
 from control.errors import ConfigError
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT
 
 LINES = ("1.2", "1.3")
 

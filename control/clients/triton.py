@@ -177,6 +177,7 @@ async def stream_generate(client, prompt: str | list[int], params: GenParams, *,
     res = Result()
     t0 = time.perf_counter()
     it = client.stream_infer(one(), stream_timeout=timeout_s)
+    final = False
     try:
         async for r, err in it:
             t = time.perf_counter() - t0
@@ -188,6 +189,8 @@ async def stream_generate(client, prompt: str | list[int], params: GenParams, *,
                 on_chunk(res)
             if final:
                 break
+        if not final and res.error is None:  # the server went away mid-request: not a success
+            res.error = f"the stream ended after {len(res.token_ids)} tokens without the final response"
     except asyncio.CancelledError:
         it.cancel()
         res.cancelled = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT
 
 
 def positive_int(text: str) -> int:

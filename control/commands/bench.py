@@ -22,7 +22,7 @@ def _fractions(text: str) -> list[float]:
 
 def _policies(text: str) -> list[str]:
     from control.errors import ConfigError
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
 
     out = []
     for p in (x.strip() for x in text.split(",")):

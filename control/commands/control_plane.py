@@ -38,6 +38,9 @@ def register(sub) -> None:
     p.add_argument("--token", help="bearer token for writes (default: SPECCTL_TOKEN, else a generated one, printed)")
     p.add_argument("--policy", default="adaptive", help="policy plans name unless overridden (default adaptive)")
     p.add_argument("--max-k", type=A.k_value, default=8, help="largest draft length (default 8)")
+    p.add_argument("--max-batch", type=A.positive_int,
+                   help="the deployment's largest batch; overrides naming a larger one are refused "
+                        "(default: the profile's limits.max_batch)")
     p.add_argument("--slo-tpot-ms", type=A.positive_float, help="TPOT SLO in ms")
     p.add_argument("--slo-quantile", type=A.quantile, help="meet the SLO at this quantile of step time")
     p.add_argument("--drafter", help="default drafter (default: the profile's first)")
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from control.errors import ConfigError
     from control.plan import SLO
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import check_policy_bounds, parse_policy_spec
     from control.profile import load_profile
     from control.service.server import bind, is_loopback, serve, url_of
     from control.service.state import ControlState, ServiceConfig
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     spec = parse_policy_spec(args.policy)
     if spec.name == "oracle":
         raise ConfigError("policy 'oracle' runs only inside the simulator; choose another --policy")
+    check_policy_bounds(spec, max_k=args.max_k, max_batch=args.max_batch or profile.limits.max_batch, where="--policy")
     if args.drafter:
         profile.drafter(args.drafter)
     if args.slo_quantile is not None and args.slo_tpot_ms is None:
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     elif len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
         raise ConfigError(f"token of {len(token)} characters: use at least {MIN_TOKEN_CHARS} characters without "
                           "spaces (e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')")
-    config = ServiceConfig(policy=str(spec), max_k=args.max_k, slo=SLO(tpot_ms=args.slo_tpot_ms, quantile=args.slo_quantile),
+    config = ServiceConfig(policy=str(spec), max_k=args.max_k, max_batch=args.max_batch, slo=SLO(tpot_ms=args.slo_tpot_ms, quantile=args.slo_quantile),
                            default_drafter=args.drafter, keepalive_s=args.keepalive,
                            replan_interval_s=args.replan_interval, min_replan_s=args.min_replan,
                            max_body_bytes=args.max_body_bytes, state_path=Path(args.state) if args.state else None)

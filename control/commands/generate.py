@@ -55,7 +55,7 @@ def run_remote(args: argparse.Namespace) -> int:
 
     from control.clients.triton import GenParams, grpc_generate, http_generate, parse_url
     from control.errors import ConfigError
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
 
     err = Console(stderr=True)
     if args.prompt == "":
@@ -99,7 +99,7 @@ def run_local(args: argparse.Namespace) -> int:
     from control.executors.base import SamplingParams
     from control.executors.reference.engine import EngineConfig, PlainDecoding, ReferenceEngine
     from control.executors.reference.loader import load_engine_dir
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
 
     err = Console(stderr=True)
     spec = parse_policy_spec(args.policy)

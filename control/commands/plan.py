@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from control.plan import SLO, AcceptanceState, compile_plan, trtllm_schedule, typical_ctx
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
     from control.profile import load_profile
 
     profile = load_profile(args.profile)

@@ -33,7 +33,9 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
                    help="the most tokens one request may ask for (default 1024)")
     p.add_argument("--instances", type=A.positive_int, default=1, help="llm model instances (default 1)")
     p.add_argument("--threads", type=A.positive_int, default=1, help="torch threads per instance (default 1)")
-    p.add_argument("--http-port", type=_port0, default=8000, help="Triton HTTP port (default 8000; 0 = any free)")
+    p.add_argument("--http-port", type=_port0, default=8000,
+                   help="HTTP port (default 8000; 0 = any free): `specctl serve` puts its front end here (OpenAI API "
+                        "and Triton's KServe API behind body limits) and Triton's own HTTP on an internal loopback port")
     p.add_argument("--grpc-port", type=_port0, default=8001, help="Triton gRPC port (default 8001; 0 = any free)")
     p.add_argument("--metrics-port", type=_port0, default=8002, help="Triton metrics port (default 8002; 0 = any free)")
     p.add_argument("--control-port", type=_port0, default=8700, help="control-plane port (default 8700; 0 = any free)")
@@ -46,7 +48,7 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
 
 def deployment_config(args: argparse.Namespace):
     from control.errors import ConfigError
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
     from control.triton.deploy import DeploymentConfig
 
     spec = parse_policy_spec(args.policy)
@@ -70,9 +72,12 @@ def deployment_config(args: argparse.Namespace):
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve an engine directory: Triton (llm model) + the control-plane service",
                        description="Render triton_repo for the deployment into a run directory, start the control-plane "
-                                   "service and tritonserver (loopback only), print the endpoints, and stop both on "
-                                   "Ctrl-C or SIGTERM.")
+                                   "service and tritonserver (loopback only), print the endpoints, restart either when it "
+                                   "dies (or when the model's Python stub dies), and stop both on Ctrl-C or SIGTERM.")
     add_deployment_args(p)
+    p.add_argument("--spec-decode-metrics", action="store_true",
+                   help="add metrics.speculative_decoding (vLLM's shape) to every OpenAI response, not only to "
+                        "requests that set spec_decode_metrics")
     p.set_defaults(run=run)
 
 
@@ -83,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from control.triton.deploy import Deployment
+    from control.triton.supervisor import CHECK_INTERVAL_S, Supervisor
 
     console = Console(stderr=True)
     cfg = deployment_config(args)
+    public_port, cfg.http_port = _frontend_port(cfg), 0  # Triton's HTTP: an internal free loopback port
     stop = threading.Event()
 
     def on_signal(signum, frame) -> None:
@@ -93,29 +100,57 @@ def run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     dep = Deployment(cfg, say=lambda s: console.print(f"[dim]{s}[/dim]"))
+    frontend = None
     try:
-        with console.status("starting the control plane and tritonserver"):
+        with console.status("starting the control plane, tritonserver and the front end"):
             dep.start()
+            frontend = _start_frontend(dep, public_port, args.spec_decode_metrics)
         if stop.is_set():
             return 130
         console.print(f"[bold]specctl serve[/bold]: {cfg.engine_dir} with policy {cfg.policy}, run directory {cfg.run_dir}")
-        for name, url in dep.endpoints().items():
+        endpoints = {"http": frontend.url, "openai": f"{frontend.url}/v1",
+                     **{k: v for k, v in dep.endpoints().items() if k != "http"},
+                     "triton-http": dep.http_url}  # internal: the front end's upstream, without its limits
+        for name, url in endpoints.items():
             print(f"  {name:15s} {url}", flush=True)
         token = "(as given)" if args.token else "(from SPECCTL_TOKEN)" if _env_token() else dep.token
         print(f"  {'token':15s} {token}", flush=True)
-        print("ready; Ctrl-C stops both", flush=True)
-        while not stop.wait(0.5):
-            alive = dep.alive()
-            dead = [n for n, ok in alive.items() if not ok]
-            if dead:
-                console.print(f"[red]{', '.join(dead)} exited; stopping (logs in {cfg.run_dir})[/red]")
+        print("ready; Ctrl-C stops all", flush=True)
+        supervisor = Supervisor(dep, say=lambda s: print(f"specctl serve: {s}", flush=True))
+        while not stop.wait(CHECK_INTERVAL_S):
+            give_up = supervisor.check() or (None if frontend.alive() else "the front end exited")
+            if give_up:
+                console.print(f"[red]{give_up}; stopping (logs in {cfg.run_dir})[/red]")
                 return 1
         console.print("stopping")
         return 0
     finally:
+        if frontend is not None:
+            frontend.stop()
         dep.stop()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _frontend_port(cfg) -> int:
+    """The front end's port, checked now (0: picked once Triton holds its ports, so they cannot collide)."""
+    from control.triton.server import check_ports
+
+    if cfg.http_port:
+        check_ports({"http": cfg.http_port}, cfg.host)
+    return cfg.http_port
+
+
+def _start_frontend(dep, port: int, spec_metrics: bool):
+    from control.executors.manifest import load_manifest
+    from control.frontend.process import FrontendProcess, frontend_args
+    from control.triton.server import free_port
+
+    engine = Path(dep.cfg.engine_dir)
+    args = frontend_args(triton_grpc=dep.grpc_url, triton_http=dep.http_url,
+                         tokenizer_dir=engine / load_manifest(engine).target, max_k=dep.cfg.max_k,
+                         spec_metrics=spec_metrics)
+    return FrontendProcess(args, host=dep.cfg.host, port=port or free_port(dep.cfg.host), run_dir=dep.run_dir).start()
 
 
 def _env_token() -> str | None:

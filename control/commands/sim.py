@@ -48,7 +48,7 @@ def qps_loads(qps: list[float], capacity: float, max_load: float) -> list[float]
 
 def policies_list(text: str) -> list[str]:
     from control.errors import ConfigError
-    from control.policy.spec import parse_policy_spec
+    from control.policyspec import parse_policy_spec
 
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):

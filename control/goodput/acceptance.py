@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+# Per-token acceptance assumed for a drafter nobody has measured (no profile figure, no telemetry yet).
+DEFAULT_ACCEPTANCE = 0.6
+# Ceiling on every acceptance-rate estimate: at 1 a chain's expected length has no bound and the
+# optimiser would draft without limit on a lucky streak.
+MAX_RATE = 0.999
+
 
 def chain_expected(alpha, k):
     """E[generated] for a chain of k drafts with one acceptance rate: (1 - a^(k+1)) / (1 - a).

@@ -170,24 +170,32 @@ class RecursiveCost:
             if requests is None:
                 raise ValueError("this cost model has a per-request term (d > 0): update() needs requests=")
             t_ms = measured - self._prior.d * requests
-        th, P, lam = self.theta, self.P, self.lam
-        err = float(t_ms) - (x[0] * th[0] + x[1] * th[1] + x[2] * th[2])
+        (th0, th1, th2), lam = self.theta, self.lam
+        x0, x1, x2 = x
+        y = float(t_ms)
+        err = y - (x0 * th0 + x1 * th1 + x2 * th2)
         p0 = self._prior_theta
-        err0 = float(t_ms) - (x[0] * p0[0] + x[1] * p0[1] + x[2] * p0[2])
-        Px = [P[i][0] * x[0] + P[i][1] * x[1] + P[i][2] * x[2] for i in range(3)]
-        denom = lam + x[0] * Px[0] + x[1] * Px[1] + x[2] * Px[2]
-        g = [v / denom for v in Px]
-        self.theta = [th[i] + g[i] * err for i in range(3)]
+        err0 = y - (x0 * p0[0] + x1 * p0[1] + x2 * p0[2])
+        # unrolled 3x3 algebra (the same operations in the same order as the matrix form)
+        (p00, p01, p02), (p10, p11, p12), (p20, p21, p22) = self.P
+        q0 = p00 * x0 + p01 * x1 + p02 * x2
+        q1 = p10 * x0 + p11 * x1 + p12 * x2
+        q2 = p20 * x0 + p21 * x1 + p22 * x2
+        denom = lam + x0 * q0 + x1 * q1 + x2 * q2
+        g0, g1, g2 = q0 / denom, q1 / denom, q2 / denom
+        self.theta = [th0 + g0 * err, th1 + g1 * err, th2 + g2 * err]
         # P <- (P - g Px^T) / lam, kept symmetric and bounded under long runs with little excitation
-        newP = [[(P[i][j] - g[i] * Px[j]) / lam for j in range(3)] for i in range(3)]
-        for i in range(3):
-            for j in range(i + 1, 3):
-                newP[i][j] = newP[j][i] = 0.5 * (newP[i][j] + newP[j][i])
-        tr = newP[0][0] + newP[1][1] + newP[2][2]
+        n00 = (p00 - g0 * q0) / lam
+        n11 = (p11 - g1 * q1) / lam
+        n22 = (p22 - g2 * q2) / lam
+        n01 = 0.5 * ((p01 - g0 * q1) / lam + (p10 - g1 * q0) / lam)
+        n02 = 0.5 * ((p02 - g0 * q2) / lam + (p20 - g2 * q0) / lam)
+        n12 = 0.5 * ((p12 - g1 * q2) / lam + (p21 - g2 * q1) / lam)
+        tr = n00 + n11 + n22
         if tr > 1e12:
             f = 1e12 / tr
-            newP = [[v * f for v in row] for row in newP]
-        self.P = newP
+            n00, n11, n22, n01, n02, n12 = n00 * f, n11 * f, n22 * f, n01 * f, n02 * f, n12 * f
+        self.P = [[n00, n01, n02], [n01, n11, n12], [n02, n12, n22]]
         self.n += 1
         w = lam
         self._sq_err = w * self._sq_err + (1 - w) * err * err if self.n > 1 else err * err
@@ -196,15 +204,6 @@ class RecursiveCost:
             pct = abs(err) / measured * 100.0
             self._abs_pct = w * self._abs_pct + (1 - w) * pct if self.n > 1 else pct
         return err
-
-    def update_many(self, n_ctx, n_batched, t_ms, passes=None, requests=None) -> None:
-        n_ctx = np.asarray(n_ctx, dtype=np.float64).ravel()
-        n_batched = np.asarray(n_batched, dtype=np.float64).ravel()
-        t = np.asarray(t_ms, dtype=np.float64).ravel()
-        p = np.ones_like(t) if passes is None else np.asarray(passes, dtype=np.float64).ravel()
-        r = None if requests is None else np.asarray(requests, dtype=np.float64).ravel()
-        for i in range(t.size):
-            self.update(float(n_ctx[i]), float(n_batched[i]), float(t[i]), float(p[i]), None if r is None else float(r[i]))
 
     def improves_on_prior(self, min_obs: int = 32, margin: float = 0.8) -> bool:
         """Whether the online fit has predicted the recent observations clearly better than the prior.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from control.errors import ConfigError
+from control.goodput.acceptance import DEFAULT_ACCEPTANCE, MAX_RATE
 
 
 def chain_trials(verified: np.ndarray, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -30,7 +31,7 @@ def _check_rate(name: str, v: float) -> float:
 class MovingWindow:
     """Global rate over the last ``window`` steps (SmartSpec's moving average)."""
 
-    def __init__(self, window: int = 64, prior: float = 0.6, prior_trials: float = 4.0) -> None:
+    def __init__(self, window: int = 64, prior: float = DEFAULT_ACCEPTANCE, prior_trials: float = 4.0) -> None:
         if window < 1:
             raise ConfigError(f"window = {window!r}: must be >= 1 step")
         self._succ = np.zeros(window)
@@ -50,32 +51,12 @@ class MovingWindow:
     def rate(self) -> float:
         s = self._succ.sum() + self.prior * self.prior_trials
         t = self._trials.sum() + self.prior_trials
-        return float(min(s / t, 0.999))
+        return float(min(s / t, MAX_RATE))
 
     @property
     def trials(self) -> float:
         return float(self._trials.sum())
 
-
-class EMA:
-    """Exponential moving average of per-step rates, weighted by trials."""
-
-    def __init__(self, beta: float = 0.9, prior: float = 0.6) -> None:
-        if not (0.0 <= beta < 1.0):
-            raise ConfigError(f"beta = {beta!r}: must be in [0, 1)")
-        self.beta = beta
-        self._s = prior
-        self._t = 1.0
-
-    def update(self, successes: float, trials: float) -> None:
-        if trials <= 0:
-            return
-        self._s = self.beta * self._s + (1 - self.beta) * successes
-        self._t = self.beta * self._t + (1 - self.beta) * trials
-
-    @property
-    def rate(self) -> float:
-        return float(min(self._s / self._t, 0.999))
 
 
 class PositionRates:
@@ -85,7 +66,7 @@ class PositionRates:
     starts from its prior (a scalar or one rate per position) worth ``prior_trials`` trials.
     """
 
-    def __init__(self, max_k: int, prior=0.6, prior_trials: float = 4.0, decay: float = 0.999) -> None:
+    def __init__(self, max_k: int, prior=DEFAULT_ACCEPTANCE, prior_trials: float = 4.0, decay: float = 0.999) -> None:
         if max_k < 1:
             raise ConfigError(f"max_k = {max_k!r}: must be >= 1")
         self.max_k = max_k
@@ -93,22 +74,31 @@ class PositionRates:
         self.set_prior(prior)
         self.prior_trials = prior_trials
         self.decay = decay
-        self.trials = np.zeros(max_k)
-        self.succ = np.zeros(max_k)
+        # (2, K): trials and successes per position, decayed; ``trials`` and ``succ`` are its rows
+        self._counts = np.zeros((2, max_k))
+        self.trials = self._counts[0]
+        self.succ = self._counts[1]
         self._pos = np.arange(max_k)
 
     def update(self, verified: np.ndarray, accepted: np.ndarray) -> None:
         accepted = np.asarray(accepted)
+        if accepted.shape[0] == 1:  # one request: its trials and successes are prefixes of the positions
+            acc = int(accepted[0])
+            tried_one = min(acc + 1, int(np.asarray(verified)[0]))
+            self._counts *= self.decay
+            self.trials[:tried_one] += 1.0
+            self.succ[:acc] += 1.0
+            self._cache = None
+            return
+        K = self.max_k
         tried = np.minimum(accepted + 1, np.asarray(verified))
         # trials at position j = #requests that tried more than j positions: a reverse cumulative
-        # histogram (no (n, K) comparison matrix on the per-step path)
-        K = self.max_k
-        t = np.bincount(np.minimum(tried, K), minlength=K + 1)[::-1].cumsum()[::-1][1:]
-        s = np.bincount(np.minimum(accepted, K), minlength=K + 1)[::-1].cumsum()[::-1][1:]
-        self.trials *= self.decay
-        self.succ *= self.decay
-        self.trials += t
-        self.succ += s
+        # histogram (no (n, K) comparison matrix on the per-step path); successes likewise, both
+        # from one histogram over (tried, K + 1 + accepted)
+        hist = np.bincount(np.concatenate([np.minimum(tried, K), np.minimum(accepted, K) + (K + 1)]),
+                           minlength=2 * (K + 1)).reshape(2, K + 1)
+        self._counts *= self.decay
+        self._counts += hist[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
         self._cache = None
 
     def set_prior(self, prior) -> None:
@@ -126,10 +116,10 @@ class PositionRates:
         only after an update."""
         if self._cache is None:
             pt = self.prior_trials
-            rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), 0.999)
-            s_all, t_all = float(self.succ.sum()), float(self.trials.sum())
-            mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), 0.999)
-            c = np.clip(rates, 1e-6, 1 - 1e-6)
+            rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), MAX_RATE)
+            t_all, s_all = self._counts.sum(axis=1).tolist()
+            mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), MAX_RATE)
+            c = np.maximum(rates, 1e-6)  # clipped to (0, 1): the upper bound is already MAX_RATE
             self._cache = (rates, mean, c / (1.0 - c), s_all, t_all)
         return self._cache
 
@@ -183,11 +173,19 @@ class RequestBeta:
 
     def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """Slots are distinct within one step (one outcome per request)."""
+        if slots.shape[0] == 1:  # one request: two scalar adds instead of two gathers and scatters
+            j = int(slots[0])
+            self.s[j] += successes[0]
+            self.t[j] += trials[0]
+            return
         self.s[slots] += successes
         self.t[slots] += trials
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
-        return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), 0.999)
+        if slots.shape[0] == 1 and np.ndim(prior) == 0:  # plain floats, same bits
+            j = int(slots[0])
+            return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), MAX_RATE)])
+        return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), MAX_RATE)
 
 
 class CategoryRates:
@@ -207,15 +205,17 @@ class CategoryRates:
             size = int(cat.max()) + 1
             self.succ = np.resize(self.succ, size)
             self.trials = np.resize(self.trials, size)
-        np.add.at(self.succ, cat, successes[known])
-        np.add.at(self.trials, cat, trials[known])
+        # counts are whole numbers, so summing them per category first changes no bit
+        size = self.succ.size
+        self.succ += np.bincount(cat, weights=successes[known], minlength=size)
+        self.trials += np.bincount(cat, weights=trials[known], minlength=size)
 
     def rates(self, category: np.ndarray, global_rate: float) -> np.ndarray:
         out = np.full(category.shape, global_rate, dtype=np.float64)
         known = (category >= 0) & (category < self.succ.size)
         c = category[known]
         out[known] = (self.succ[c] + global_rate * self.prior_trials) / (self.trials[c] + self.prior_trials)
-        return np.minimum(out, 0.999)
+        return np.minimum(out, MAX_RATE)
 
 
 class ConfidenceMap:
@@ -239,6 +239,7 @@ class ConfidenceMap:
         self.n = np.full(bins, float(prior_tokens))
         self._ramp = 1e-9 * np.arange(bins)  # makes the monotone curve strictly increasing for interp
         self._curve: np.ndarray | None = None
+        self._ramped: np.ndarray | None = None
 
     def _bin(self, prod: np.ndarray) -> np.ndarray:
         x = (np.log10(np.maximum(prod, 1e-300)) - self.lo) * (self.bins / -self.lo)
@@ -258,6 +259,7 @@ class ConfidenceMap:
         """Survival per bin (bins in increasing confidence), non-decreasing."""
         if self._curve is None:
             self._curve = np.maximum.accumulate(self.hits / self.n)
+            self._ramped = self._curve + self._ramp
         return self._curve
 
     def survival(self, prod: np.ndarray) -> np.ndarray:
@@ -266,7 +268,8 @@ class ConfidenceMap:
     def raw_cut(self, cut: np.ndarray) -> np.ndarray:
         """The running confidence below which survival falls under ``cut`` (per request): 0 where
         even the least confident bin beats the cut (never stop), 1 where no bin reaches it."""
-        c = self.curve() + self._ramp
+        self.curve()
+        c = self._ramped  # the curve made strictly increasing, refreshed with the curve
         return np.power(10.0, np.interp(np.asarray(cut, dtype=np.float64), c, self.log_centers, left=-np.inf, right=0.0))
 
 
@@ -288,10 +291,32 @@ def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarr
     Computed as a product of odds (no log/exp on the hot path); ``position_odds`` (the clipped
     position rates' odds, e.g. ``PositionRates.odds``) saves recomputing them. Shape (n, K).
     """
+    if request_rate.shape[0] == 1:
+        return _one_request_survival(float(request_rate[0]), position_rates, pooled_rate, position_odds)
     if position_odds is None:
         pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
         position_odds = pos / (1.0 - pos)
     pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
-    r = np.clip(request_rate, 1e-6, 1 - 1e-6)
+    r = np.minimum(np.maximum(request_rate, 1e-6), 1 - 1e-6)  # np.clip, without its dispatch cost
     odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
     return np.cumprod(odds / (1.0 + odds), axis=1)
+
+
+def _one_request_survival(rate: float, position_rates: np.ndarray, pooled_rate: float,
+                          position_odds: np.ndarray | None) -> np.ndarray:
+    """``request_position_survival`` for one request on plain floats (the same operations in the same
+    order, so the same bits; at batch 1 numpy's per-call cost is most of the work). Shape (1, K)."""
+    if position_odds is None:
+        pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
+        position_odds = pos / (1.0 - pos)
+    pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
+    r = min(max(rate, 1e-6), 1 - 1e-6)
+    q = (r / (1.0 - r)) * ((1.0 - pooled) / pooled)
+    out = []
+    run = 1.0
+    for o in position_odds.tolist():
+        x = o * q
+        a = x / (1.0 + x)
+        run = a if not out else run * a
+        out.append(run)
+    return np.array([out])

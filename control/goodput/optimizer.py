@@ -25,6 +25,8 @@ import numpy as np
 
 from control.goodput.stepcost import StepCostModel
 
+CONFIRM_TOL = 1e-12  # F(g) below this share of g * plain-step-ms confirms Dinkelbach's optimum
+
 
 @dataclass(frozen=True, slots=True)
 class Constraints:
@@ -229,29 +231,53 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
 
 
 def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=None, lag=None,
-                     g0: float | None = None, max_iter: int = 6) -> Choice:
+                     g0: float | None = None, max_iter: int = 6, k0: np.ndarray | None = None) -> Choice:
     """Request-level optimum by Dinkelbach's method, warm-started from a previous goodput ``g0``.
 
-    For a goodput level G the best slot set maximises sum(p - G * marginal cost) - G * (per-depth and
-    per-step drafting constants). That separates by drafter, and for a drafter's maximum depth D by
-    request (each takes its best prefix within D), so a cumulative sum over an (n, K) array and a scan
-    over D per drafter solve it exactly. Iterating G <- tokens / time of the chosen set (Dinkelbach)
-    converges to the best ratio, usually in one pass when G comes from the previous step. KV-slot,
-    token-budget and SLO limits are checked on the result; if one binds, the constrained scan
-    ``admit_slots`` decides instead. The returned ``next_cost`` (marginal ms of each request's next
-    draft token) gives the confidence cuts: one more token of survival p pays iff p > goodput * cost.
+    For a goodput level G the best slot set maximises sum(p - G * marginal cost) - G * (drafting
+    constants); that separates by drafter and, for a drafter's maximum depth D, by request (its best
+    prefix within D), so prefix sums over an (n, K) array and a scan over D solve it exactly.
+    Iterating G <- tokens / time of the chosen set converges to the best ratio, usually in one pass.
+    ``k0`` (one drafter; e.g. last step's k within ``cap``) starts from that choice's ratio instead.
+    KV-slot, token-budget and SLO limits are checked on the result; if one binds, ``admit_slots``
+    decides. ``next_cost`` (marginal ms of each request's next draft token) gives the confidence
+    cuts: one more token of survival p pays iff p > goodput * cost.
     """
     ctx = np.asarray(ctx, dtype=np.float64)
     cap = np.asarray(cap, dtype=np.int64)
     n, K = surv.shape
-    t_plain = cost.target
+    if n == 1 and K > 0 and cost.drafters:
+        return _admit_one(cost, ctx, surv, int(cap[0]), cons, drafter, lag)
     plain = cost.plain_ms(ctx)
-    zero = np.zeros(n, dtype=np.int64)
-    if n == 0 or K == 0 or cap.max(initial=0) <= 0:
-        return Choice(zero, float(n), plain, plain)
+    capped = n == 0 or K == 0 or int(cap.min()) < K  # (every request uncapped at K: one reduction)
+    if n == 0 or K == 0 or (capped and cap.max() <= 0):
+        return Choice(np.zeros(n, dtype=np.int64), float(n), plain, plain)
     jj = np.arange(K)
-    valid = jj < cap[:, None]
-    # Marginal slot costs (n, K); per drafter group: rows, per-depth ms, per-step ms.
+    valid = jj < cap[:, None] if capped else None  # (n, K); None: every slot is within its request's cap
+    mc, groups = _marginal_costs(cost, ctx, drafter, lag, jj)
+    p = np.where(valid, surv, 0.0) if capped else surv
+    g = n / plain if g0 is None or not g0 > 0 else float(g0)
+    rows = np.arange(n)
+    if len(groups) == 1 and isinstance(groups[0][1], slice):
+        k, tokens, t = _dinkelbach_one_drafter(groups[0][0], p, mc, valid, plain, g, max_iter,
+                                               None if k0 is None else np.minimum(k0, cap) if capped else k0, rows)
+    else:
+        k, tokens, t = _dinkelbach_groups(groups, p, mc, jj < cap[:, None] if valid is None else valid, plain, g,
+                                          max_iter)
+    if n * K > min(cons.free_kv_slots, cons.token_budget - n) or cons.slo_tpot_ms is not None:  # a limit may bind
+        total = int(k.sum())
+        if total > cons.free_kv_slots or n + total > cons.token_budget or (
+                total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
+            return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
+    nxt = mc[rows, np.minimum(k, K - 1)]
+    return Choice(k, tokens, t, plain, next_cost=nxt)
+
+
+def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.ndarray) -> tuple[np.ndarray, list]:
+    """Marginal ms of each draft slot (n, K) without the per-depth and per-step constants, and the
+    drafter groups: (DrafterCost, rows) pairs, rows a slice when one drafter serves the batch."""
+    n, K = ctx.shape[0], jj.shape[0]
+    t_plain = cost.target
     mc = np.empty((n, K))
     if drafter is None or len(cost.drafters) == 1 or (drafter == drafter[0]).all():
         groups = [(cost.drafters[0 if drafter is None else int(drafter[0])], slice(None))] if cost.drafters else []
@@ -268,10 +294,73 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
                 mc[sel, 0] += m.b * np.asarray(lag, dtype=np.float64)[sel]
         else:
             mc[sel] = t_plain.b
-    p = np.where(valid, surv, 0.0)
-    if n == 1 and len(groups) == 1:
-        return _admit_one(cost, ctx, surv, int(cap[0]), cons, groups[0][0], mc[0], p[0], plain, drafter, lag)
-    g = n / plain if g0 is None or not g0 > 0 else float(g0)
+    return mc, groups
+
+
+def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray | None, plain: float, g: float,
+                            max_iter: int, k0: np.ndarray | None = None,
+                            rows: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+    """Dinkelbach's iterations for a batch on one drafter: (k, tokens, ms) of the best ratio.
+
+    The prefix sums of survival and cost are taken once; an iteration at level g is then
+    value(prefix) = P - g * M (no cumulative sum per iteration), and a choice's tokens and time are
+    one gather each. Same optimum as ``_dinkelbach_groups`` with one group. ``valid`` (n, K): the
+    slots within each request's cap (None: all). ``k0`` (within the caps): start from the better of
+    its ratio and plain decoding's instead of ``g``. ``rows``: ``np.arange(n)``, if the caller has it."""
+    n, K = p.shape
+    rows = np.arange(n) if rows is None else rows
+    # (n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
+    # reads both for a choice); the cost past a request's cap is infinite, so g > 0 never takes it
+    pm = np.zeros((n, K + 1, 2))
+    pz, mz = pm[:, 1:, 0], pm[:, 1:, 1]
+    np.cumsum(p, axis=1, out=pz)
+    np.cumsum(mc, axis=1, out=mz)
+    if valid is not None:
+        mz[~valid] = np.inf
+    per_depth = d.depth_ms * np.arange(1, K + 1, dtype=np.float64) + d.const_ms  # (K,) drafting constants
+    zero = np.zeros(n, dtype=np.int64)
+    best = (zero, float(n), plain)
+    if k0 is not None:
+        k0_max = int(k0.max())
+        sp, sm = pm[rows, k0].sum(axis=0)
+        t0 = plain + float(sm) + (d.depth_ms * k0_max + d.const_ms if k0_max > 0 else 0.0)
+        if (n + float(sp)) / t0 > n / plain:
+            best = (k0, n + float(sp), t0)
+        g = best[1] / best[2]
+    for _ in range(max_iter):
+        run = pz - g * mz  # (n, K): value of prefix length j + 1 (-inf past the cap)
+        bp = np.maximum.accumulate(run, axis=1)  # best prefix within depth D = j + 1
+        gain = np.maximum(bp, 0.0).sum(axis=0)  # (K,)
+        # depths where no request gains cost their constants here, not 0 as in _dinkelbach_groups:
+        # the same argmax wherever some depth's value is positive, and no depth's otherwise
+        value = gain - g * per_depth
+        D = int(np.argmax(value))
+        if value[D] <= CONFIRM_TOL * g * plain and g == best[1] / best[2]:
+            # no choice beats the best one's ratio g by more than rounding: it is the optimum (the
+            # next iteration would only find it again)
+            break
+        k, extra = zero, 0.0
+        if value[D] > 0:
+            k = np.where(bp[:, D] > 0, np.argmax(run[:, : D + 1], axis=1) + 1, 0)
+            extra = d.depth_ms * float(k.max()) + d.const_ms
+        sp, sm = pm[rows, k].sum(axis=0)
+        tokens = n + float(sp)
+        t = plain + float(sm) + extra
+        g_new = tokens / t
+        if g_new > best[1] / best[2]:
+            best = (k, tokens, t)
+        if abs(g_new - g) <= 1e-9 * g:
+            break  # F(g) = 0: g is the optimal ratio
+        g = g_new  # see _dinkelbach_groups
+    return best
+
+
+def _dinkelbach_groups(groups, p: np.ndarray, mc: np.ndarray, valid: np.ndarray, plain: float, g: float,
+                       max_iter: int) -> tuple[np.ndarray, float, float]:
+    """Dinkelbach's iterations with one group of requests per drafter: (k, tokens, ms) of the best ratio."""
+    n, K = p.shape
+    jj = np.arange(K)
+    zero = np.zeros(n, dtype=np.int64)
     best = (zero, float(n), plain)
     single = len(groups) == 1 and isinstance(groups[0][1], slice)
     dd = np.arange(1, K + 1, dtype=np.float64)
@@ -305,33 +394,48 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
         # From below Dinkelbach climbs monotonically; a stale warm start from above drops to the
         # ratio of an actual choice (a lower bound) in one step and climbs from there.
         g = g_new
-    k, tokens, t = best
-    total = int(k.sum())
-    if total > cons.free_kv_slots or n + total > cons.token_budget or (
-            total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
-        return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
-    nxt = mc[np.arange(n), np.minimum(k, K - 1)]
-    return Choice(k, tokens, t, plain, next_cost=nxt)
+    return best
 
 
-def _admit_one(cost, ctx, surv, cap: int, cons: Constraints, d, mc: np.ndarray, p: np.ndarray, plain: float,
-               drafter, lag) -> Choice:
+def _admit_one(cost, ctx: np.ndarray, surv: np.ndarray, cap: int, cons: Constraints, drafter, lag) -> Choice:
     """One request, one drafter: the optimum by enumerating k = 0..cap (what Dinkelbach converges
-    to, without its iterations: the batch-1 step is where the policy's own cost shows most)."""
-    K = p.shape[0]
-    kk = np.arange(1, cap + 1)
-    tokens = 1.0 + np.cumsum(p[:cap])
-    times = plain + np.cumsum(mc[:cap]) + d.depth_ms * kk + d.const_ms
-    g = tokens / times
-    j = int(np.argmax(g)) if cap else 0
-    if cap == 0 or g[j] <= 1.0 / plain:
-        k, tok, t = 0, 1.0, plain
+    to, without its iterations), on plain floats: at batch 1 numpy's per-call cost is most of the
+    work and the policy's own cost shows most. The same operations in the same order as the array
+    form, so the same bits."""
+    K = surv.shape[1]
+    d = cost.drafters[0 if drafter is None else int(drafter[0])]
+    t_plain = cost.target
+    ctx0 = float(ctx[0])
+    plain = float(t_plain.predict(ctx0, 1.0, 1, 1)) + cost.overhead_ms
+    if cap <= 0:
+        return Choice(np.zeros(1, dtype=np.int64), 1.0, plain, plain)
+    if d.has_passes:
+        m = d.model
+        base = t_plain.b + m.b + m.a * float(d.draft_ctx(ctx[:1])[0])
+        mc = [base + m.a * j for j in range(K)]
+        if lag is not None:
+            mc[0] += m.b * float(lag[0])
     else:
-        k, tok, t = j + 1, float(tokens[j]), float(times[j])
+        mc = [t_plain.b] * K
+    p = surv[0].tolist()
+    depth, const = d.depth_ms, d.const_ms
+    sp = sm = 0.0
+    k, tok, t, best = 0, 1.0, plain, 1.0 / plain
+    first = None
+    for j in range(min(cap, K)):
+        sp += p[j]
+        sm += mc[j]
+        tokens = 1.0 + sp
+        times = plain + sm + depth * (j + 1) + const
+        g = tokens / times
+        if first is None or g > first:
+            first, k_at, tok_at, t_at = g, j + 1, tokens, times
+    if first > best:
+        k, tok, t = k_at, tok_at, t_at
     if k and (k > cons.free_kv_slots or 1 + k > cons.token_budget or (
             cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms()))):
         return admit_slots(cost, ctx, surv, np.array([cap]), cons, drafter, lag)
-    return Choice(np.array([k], dtype=np.int64), tok, t, plain, next_cost=mc[min(k, K - 1): min(k, K - 1) + 1].copy())
+    return Choice(np.array([k], dtype=np.int64), tok, t, plain, next_cost=np.array([mc[min(k, K - 1)]]))
 
 
 def confidence_cuts(cost: StepCostModel, ctx, choice: Choice, drafter=None) -> np.ndarray:

@@ -1,18 +1,8 @@
-"""Decision policies: where k is chosen. Types at the seam live in ``control.policy.types``.
+"""Decision policies: where k is chosen. Types at the seam live in ``control.policy.types``; the
+policy-name grammar lives below plans and policies both, in ``control.policyspec``."""
 
-``build_policy`` is imported lazily: plans validate policy names with ``control.policy.spec``, and
-the policies themselves depend on plans.
-"""
-
-from control.policy.spec import PolicySpec, parse_policy_spec
+from control.policy.registry import build_policy
 from control.policy.types import Decision, Policy, StepOutcome, StepView, Verifier
+from control.policyspec import PolicySpec, parse_policy_spec
 
 __all__ = ["Decision", "Policy", "PolicySpec", "StepOutcome", "StepView", "Verifier", "build_policy", "parse_policy_spec"]
-
-
-def __getattr__(name: str):
-    if name == "build_policy":
-        from control.policy.registry import build_policy
-
-        return build_policy
-    raise AttributeError(name)

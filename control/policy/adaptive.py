@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from control.goodput.acceptance import MAX_RATE
 from control.goodput.cost import RecursiveCost
 from control.goodput.estimators import (
     CategoryRates,
@@ -66,10 +67,11 @@ class AdaptivePolicy(BasePolicy):
         m = len(ctx.drafters)
         K = max(ctx.max_k, 1)
         self.K = K
+        slots = self._slot_rid.size  # per-slot arrays as long as the base's (grown together)
         self._pos_idx = np.arange(K)[None, :]  # draft positions, for masks over (n, K) arrays
         self._conf = [ConfidenceMap() for _ in range(m)]  # per drafter: running confidence -> survival
         self.pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(m)]
-        self.req = [RequestBeta(self._strength) for _ in range(m)]
+        self.req = [RequestBeta(self._strength, capacity=slots) for _ in range(m)]
         self.cat = CategoryRates(8)
         self.rls_target = RecursiveCost(ctx.cost.target)
         self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in ctx.cost.drafters]
@@ -95,10 +97,15 @@ class AdaptivePolicy(BasePolicy):
         self._is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)
         self._consolidate = bool(self._is_model.sum() > 1 and not b.capacities)
         self._fav = self._profile_favourite(ctx) if self._consolidate else -1
-        # per slot, grown together in ``decide``: the k the last decision asked for, and the expected
+        # per slot, grown together (``_grow_slots``): the k the last decision asked for, and the expected
         # tokens per step at the k the request has been given (NaN before its first decision)
-        self._asked = np.zeros(64, dtype=I64)
-        self._pace = np.full(64, np.nan)
+        self._asked = np.zeros(slots, dtype=I64)
+        # the decision before: its outcome may arrive after this step's decision (``OneStepStale``)
+        self._asked_prev = np.zeros(slots, dtype=I64)
+        self._asked_step = self._asked_prev_step = -1
+        self._pace = np.full(slots, np.nan)
+        self._cons_key: tuple | None = None
+        self._cons = self.ctx.cons
 
     def update_context(self, ctx: PolicyContext) -> None:
         # a smaller max_k keeps the estimators (their extra positions are never admitted: caps() bound k)
@@ -118,8 +125,10 @@ class AdaptivePolicy(BasePolicy):
     def pooled_rate(self, i: int) -> float:
         return self.pos[i].mean_rate
 
-    def survival(self, view: StepView, d_ctx: np.ndarray) -> np.ndarray:
-        if self._uniform(d_ctx):  # one drafter for the whole batch (always so at batch 1): no masks
+    def survival(self, view: StepView, d_ctx: np.ndarray, uniform: bool | None = None) -> np.ndarray:
+        """(n, K) survival of each request's draft positions on its drafter (``uniform``: the caller
+        knows one drafter serves the whole batch)."""
+        if uniform or (uniform is None and self._uniform(d_ctx)):  # always so at batch 1: no masks
             return self._survival_of(int(d_ctx[0]), view.slots, view.category)
         surv = np.empty((view.n, self.K))
         for i in range(len(self.ctx.drafters)):
@@ -133,7 +142,8 @@ class AdaptivePolicy(BasePolicy):
         pos = self.pos[i]
         pooled = pos.mean_rate
         prior = pooled if category is None else self.cat.rates(category, pooled)
-        return request_position_survival(self.req[i].mean(slots, prior), pos.rates, pooled, pos.odds)
+        rate = self.req[i].mean(slots, prior)  # (n,)
+        return request_position_survival(rate, pos.rates, pooled, pos.odds)
 
     @staticmethod
     def _uniform(d: np.ndarray) -> bool:
@@ -186,7 +196,7 @@ class AdaptivePolicy(BasePolicy):
         of request-steps at load 0.5)."""
         inv = self._inv_step_ms(view)
         for i in self._runnable():
-            r = min(self.pooled_rate(i), 0.999)
+            r = min(self.pooled_rate(i), MAX_RATE)
             g = (1.0 - r ** (self._kk + 1.0)) / (1.0 - r) * inv[i]
             if g[1:].max(initial=0.0) > g[0]:
                 return True
@@ -194,15 +204,22 @@ class AdaptivePolicy(BasePolicy):
 
     def decide(self, view: StepView) -> Decision:
         """The base protocol, with the per-slot arrays grown first and the k asked of each slot
-        remembered (``_tried`` compares the draft to it)."""
-        if view.n and int(view.slots.max()) >= self._asked.size:
-            size = max(int(view.slots.max()) + 1, 2 * self._asked.size)
-            self._asked = np.concatenate([self._asked, np.zeros(size - self._asked.size, dtype=I64)])
-            self._pace = np.concatenate([self._pace, np.full(size - self._pace.size, np.nan)])
+        remembered, this step's and the step's before (``_tried`` compares a draft to the k asked at
+        its own step, which is the one before when outcomes arrive a step late)."""
+        if view.step != self._asked_step:  # a new step: the last decision becomes the one before
+            self._asked, self._asked_prev = self._asked_prev, self._asked
+            self._asked_step, self._asked_prev_step = view.step, self._asked_step
         d = super().decide(view)
         if view.n:
             self._asked[view.slots] = d.k
         return d
+
+    def _grow_slots(self, size: int) -> None:
+        super()._grow_slots(size)
+        if size > self._asked.size:
+            self._asked = np.concatenate([self._asked, np.zeros(size - self._asked.size, dtype=I64)])
+            self._asked_prev = np.concatenate([self._asked_prev, np.zeros(size - self._asked_prev.size, dtype=I64)])
+            self._pace = np.concatenate([self._pace, np.full(size - self._pace.size, np.nan)])
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
         n = view.n
@@ -211,35 +228,29 @@ class AdaptivePolicy(BasePolicy):
         if not self.gate.update(n, view.step):
             return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
                             prefill_draft=False)
-        if self.bandit is not None:
-            switch_cost = None
-            if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
-                lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
-                switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
-            allowed = self._to_exec >= 0
-            b = self.bandit
-            if b.exploring:
-                # fresh every exploring step, so a drafter that stops winning is dropped at once (the
-                # favourite too: the profile's favourite can be the one that fails on this workload)
-                b.explore_p = self.explore_probs(view, allowed)
-            d_ctx = self._one_model_per_step(self.bandit.assign(view.slots, switch_cost, allowed=allowed))
-        else:
-            d_ctx = np.full(n, self.ctx.default, dtype=I64)
-        d_exec = self.exec_drafter(d_ctx)
-        lag = self.lag_of(view, d_exec)
-        cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
-        surv = self.survival(view, d_ctx)
-        c = self.ctx.cons
-        cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
-        w = self._residence_weights(view)
+        d_ctx, d_exec, lag, uniform = self._assign_drafters(view)
+        lagged = bool(lag[0]) if n == 1 else bool(lag.any())
+        if lagged:
+            cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
+        surv = self.survival(view, d_ctx, uniform)
+        cons = self._constraints(view)
+        pace = self._pace[view.slots]  # (n,) NaN where not yet decided on
+        known = np.isfinite(pace)
+        known = True if n > 1 and known.all() else known  # True: every request's pace is known
+        w = self._residence_weights(view, pace, known)
         choice = admit_parametric(self.cost, view.ctx_lens, surv if w is None else surv * w[:, None], cap, cons,
-                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining), g0=self._g)
+                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining) if lagged else None,
+                                  g0=self._g, k0=self._asked_prev[view.slots])
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
+        per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)  # (n,) expected accepted
         if w is not None:  # report the prediction in plain tokens
-            choice = Choice(choice.k, self._tokens(surv, choice.k), choice.step_ms, choice.plain_ms, choice.next_cost)
+            choice = Choice(choice.k, float(n + per_req.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
-            choice = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
-        if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not lag[cap > 0].any()
+            probed = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
+            if probed is not choice:
+                choice = probed
+                per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)
+        if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not (lagged and lag[cap > 0].any())
                 and not self._pays_at_pooled_rates(view)):
             # Speculation did not pay for requests whose drafts are in sync, and would not at the
             # drafters' pooled rates either: evidence about the batch size. (A zero that only
@@ -249,22 +260,67 @@ class AdaptivePolicy(BasePolicy):
                 self.gate.retune(min(self.gate.b_off, n))
         else:
             self._zero_run = 0
-        conf_cut = None
-        if choice.next_cost is not None and self.ctx.confidences[d_ctx].any():
-            # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
-            cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
-            # the executor compares the drafter's raw running confidence; the cut is in survival, so
-            # map it through each drafter's measured survival per confidence
-            conf_cut = np.zeros(n)
-            for i in self._drafters_in(d_ctx):
-                if i >= 0 and self.ctx.confidences[i]:
-                    sel = d_ctx == i
-                    conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
-        self._note_pace(view, surv, choice.k)
+        conf_cut = self._cuts(choice, d_ctx, w, g_value, uniform)
+        self._note_pace(view.slots, per_req, pace, known)
         if self.bandit is not None:
             self._note_favourite(d_ctx, choice.k)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def _assign_drafters(self, view: StepView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """Each request's drafter for this step: (plan index, executor index, the draft lag it must
+        catch up, whether one drafter serves the whole batch)."""
+        n = view.n
+        if self.bandit is None:  # one drafter for everyone: no gathers
+            e = self.default_exec_drafter()
+            return np.full(n, self.ctx.default, dtype=I64), np.full(n, e, dtype=I64), view.draft_lag[:, e], True
+        switch_cost = None
+        if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
+            lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
+            switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
+        allowed = self._to_exec >= 0
+        b = self.bandit
+        if b.exploring:
+            # fresh every exploring step, so a drafter that stops winning is dropped at once (the
+            # favourite too: the profile's favourite can be the one that fails on this workload)
+            b.explore_p = self.explore_probs(view, allowed)
+        d_ctx = self._one_model_per_step(self.bandit.assign(view.slots, switch_cost, allowed=allowed))
+        d_exec = self.exec_drafter(d_ctx)
+        return d_ctx, d_exec, self.lag_of(view, d_exec), self._uniform(d_ctx)
+
+    def _constraints(self, view: StepView) -> Constraints:
+        """This step's limits (the last step's object when they did not change)."""
+        key = (view.free_kv_slots, view.token_budget, self.ctx.cons)
+        if self._cons_key != key:
+            c = self.ctx.cons
+            self._cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
+            self._cons_key = key
+        return self._cons
+
+    def _cuts(self, choice: Choice, d_ctx: np.ndarray, w: np.ndarray | None, g_value: float,
+              uniform: bool) -> np.ndarray | None:
+        """Per request, the running draft confidence below which drafting stops (None: no drafter
+        in the step reports confidences, or the optimiser gave no marginal costs)."""
+        if choice.next_cost is None:
+            return None
+        conf = self.ctx.confidences
+        if not (conf[d_ctx[0]] if uniform else conf[d_ctx].any()):
+            return None
+        if uniform and d_ctx.shape[0] == 1 and d_ctx[0] >= 0:  # batch 1 on plain floats (w is None there)
+            one = min(max(g_value * float(choice.next_cost[0]), 0.0), 1.0)
+            return self._conf[int(d_ctx[0])].raw_cut(np.array([one]))
+        # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
+        cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
+        # the executor compares the drafter's raw running confidence; the cut is in survival, so
+        # map it through each drafter's measured survival per confidence
+        if uniform and d_ctx[0] >= 0:
+            return self._conf[int(d_ctx[0])].raw_cut(np.minimum(np.maximum(cuts, 0.0), 1.0))  # np.clip, cheaper
+        conf_cut = np.zeros(d_ctx.shape[0])
+        for i in self._drafters_in(d_ctx):
+            if i >= 0 and self.ctx.confidences[i]:
+                sel = d_ctx == i
+                conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
+        return conf_cut
 
     def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray) -> None:
         """Remember the draft model that drafted for most requests this step: new requests prefill its
@@ -285,7 +341,7 @@ class AdaptivePolicy(BasePolicy):
         kk = np.arange(max(ctx.max_k, 1) + 1, dtype=np.float64)
         best, fav = -1.0, -1
         for i in np.flatnonzero(self._is_model):
-            r = min(float(ctx.prior_rate[i]), 0.999)
+            r = min(float(ctx.prior_rate[i]), MAX_RATE)
             g = float(np.max((1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(ctx.cost, n, S, kk, drafter=int(i))))
             if g > best:
                 best, fav = g, int(i)
@@ -332,7 +388,7 @@ class AdaptivePolicy(BasePolicy):
         # Beta(a, t - a) by its normal approximation (a Beta draw costs more than the rest together;
         # with >= PRIOR_TRIALS pseudo-trials the two are close where it matters)
         sd = np.sqrt(mean * (1.0 - mean) / (t + 1.0))
-        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, 0.999)
+        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)
         # expected tokens per request for uniform k under a chain of rate r: 1 + r + ... + r^k
         tokens = (1.0 - np.power.outer(rate, self._kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
         inv = self._inv_step_ms(view)
@@ -394,7 +450,7 @@ class AdaptivePolicy(BasePolicy):
             return choice
         return Choice(k, self._tokens(surv, k), step, choice.plain_ms)
 
-    def _residence_weights(self, view: StepView) -> np.ndarray | None:
+    def _residence_weights(self, view: StepView, pace: np.ndarray, known: np.ndarray | bool) -> np.ndarray | None:
         """Value of an accepted token per request, relative to the batch mean (None: all equal).
 
         An accepted token shortens its request's stay by 1 / pace steps, pace being the tokens the
@@ -408,30 +464,38 @@ class AdaptivePolicy(BasePolicy):
         fast requests and leaves the slow ones in the batch for many steps: on the live CPU server
         adaptive made 6% more request-steps than fixed k = 3 for the same tokens, and mean latency
         follows request-steps. Pace is each request's expected tokens per step at the k it was given,
-        smoothed over its steps (``_note_pace``); a request not yet decided on takes the batch mean.
+        smoothed over its steps (``_note_pace``, here ``pace``, finite where ``known``, or everywhere
+        where it is True); a request not yet decided on takes the batch mean.
         """
         n = view.n
         if n < 2:
             return None
-        pace = self._pace[view.slots]
-        known = np.isfinite(pace)
-        w = np.ones(n)
-        if known.any():
+        if known is True:
+            w = 1.0 / pace
+        elif known.any():
             w = 1.0 / np.where(known, pace, pace[known].mean())
+        else:
+            w = np.ones(n)
         t = self.cost.target
         ctx = view.ctx_lens
         if t.a > 0.0 and ctx.min() != ctx.max():
             w = w * (t.a * ctx + (t.b + t.d + (t.c + self.cost.overhead_ms) / n))
-        if w.max() - w.min() <= 1e-12 * w.max():
+        w_max = w.max()
+        if w_max - w.min() <= 1e-12 * w_max:
             return None
         return w * (n / float(w.sum()))
 
-    def _note_pace(self, view: StepView, surv: np.ndarray, k: np.ndarray) -> None:
-        """Smooth each request's expected tokens per step at the k just chosen into its pace."""
-        slots = view.slots
-        now = 1.0 + np.where(self._pos_idx < k[:, None], surv, 0.0).sum(axis=1)
-        old = self._pace[slots]
-        self._pace[slots] = np.where(np.isfinite(old), PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now, now)
+    def _note_pace(self, slots: np.ndarray, accepted: np.ndarray, old: np.ndarray, known: np.ndarray | bool) -> None:
+        """Smooth each request's expected tokens per step at the k just chosen (1 + its expected
+        ``accepted`` draft tokens) into its pace (``old``, finite where ``known``, or everywhere where
+        it is True)."""
+        if slots.shape[0] == 1:  # plain floats, same bits
+            now1, old1 = 1.0 + float(accepted[0]), float(old[0])
+            self._pace[int(slots[0])] = (PACE_SMOOTHING * old1 + (1.0 - PACE_SMOOTHING) * now1 if known[0] else now1)
+            return
+        now = 1.0 + accepted
+        smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now
+        self._pace[slots] = smoothed if known is True else np.where(known, smoothed, now)
 
     @staticmethod
     def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
@@ -442,7 +506,7 @@ class AdaptivePolicy(BasePolicy):
         if not lag.any():
             return lag
         csum = np.concatenate([np.zeros((surv.shape[0], 1)), np.cumsum(surv, axis=1)], axis=1)
-        per_step = 1.0 + csum[np.arange(cap.shape[0]), np.clip(cap, 0, surv.shape[1])]
+        per_step = 1.0 + csum[np.arange(cap.shape[0]), cap]  # cap is within 0..K (``caps``)
         steps_left = np.maximum(remaining / per_step, 1.0)
         return lag / steps_left
 
@@ -450,7 +514,7 @@ class AdaptivePolicy(BasePolicy):
         return super().wants_draft_prefill(view) and self.gate.on
 
     # -- observe ---------------------------------------------------------------------------------
-    def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
+    def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray, uniform: bool) -> np.ndarray:
         """Draft tokens verified, plus the position where a drafter stopped short of the k asked.
 
         A drafter that drafts fewer than k on its own (an n-gram lookup without a long enough match)
@@ -458,9 +522,14 @@ class AdaptivePolicy(BasePolicy):
         rejection there. Counting only what was drafted made n-gram's per-position rates those of
         its long matches, and on the live CPU server adaptive drifted to n-gram with k up to 8 while
         its realised acceptance fell to 0.4 (predicted 5.0 accepted tokens at k = 8, realised 1.8).
-        Stops the policy asked for (a confidence cut) are not rejections."""
+        Stops the policy asked for (a confidence cut) are not rejections. (``uniform``: one drafter
+        for the whole step.)"""
         v = outcome.verified
-        asked = self._asked[outcome.slots] if outcome.slots.max(initial=-1) < self._asked.size else v
+        if uniform and d_ctx[0] >= 0 and self.ctx.confidences[d_ctx[0]]:
+            return v  # a drafter with confidences stops short only where the policy's cut said so
+        late = outcome.step == self._asked_prev_step and outcome.step != self._asked_step
+        asked_at = self._asked_prev if late else self._asked  # the decision of the outcome's step
+        asked = asked_at[outcome.slots] if outcome.slots.max(initial=-1) < asked_at.size else v
         short = stopped_short(asked, outcome.drafted, v, outcome.accepted) & (d_ctx >= 0)
         if not short.any():
             return v
@@ -471,16 +540,28 @@ class AdaptivePolicy(BasePolicy):
         if outcome.n == 0:
             return
         d_ctx = self._to_ctx[outcome.drafter] if self._to_ctx.size else np.full(outcome.n, self.ctx.default, dtype=I64)
-        tried = self._tried(outcome, d_ctx)
+        uniform = self._uniform(d_ctx)
+        tried = self._tried(outcome, d_ctx, uniform)
         s, t = chain_trials(tried, outcome.accepted)
         spec = tried > 0
         if not spec.any():
-            self._refit(outcome, d_ctx, outcome.drafted > 0)
+            self._refit(outcome, d_ctx, outcome.drafted > 0, uniform)
             return
-        if spec.all() and d_ctx[0] >= 0 and self._uniform(d_ctx):  # one known drafter, everyone drafted: no masks
+        self._learn(outcome, d_ctx, tried, spec, s, t, uniform)
+        self._refit(outcome, d_ctx, outcome.drafted > 0, uniform)
+        if self.bandit is not None:
+            mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
+            if mine.any():
+                self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
+
+    def _learn(self, outcome: StepOutcome, d_ctx: np.ndarray, tried: np.ndarray, spec: np.ndarray, s: np.ndarray,
+               t: np.ndarray, uniform: bool) -> None:
+        """Update the acceptance estimators (per position, per request, per category, confidence
+        calibration) with the requests that drafted (``spec``); ``s``, ``t``: their chain trials."""
+        if uniform and d_ctx[0] >= 0 and spec.all():  # one known drafter, everyone drafted: no masks
             i = int(d_ctx[0])
             self.pos[i].update(tried, outcome.accepted)
-            self.req[i].ensure(int(outcome.slots.max()))
+            self.req[i].ensure(int(outcome.slots[0] if outcome.n == 1 else outcome.slots.max()))
             self.req[i].update(outcome.slots, s, t)
         else:
             for i in range(len(self.ctx.drafters)):
@@ -494,11 +575,6 @@ class AdaptivePolicy(BasePolicy):
             self.cat.update(outcome.category[spec], s[spec], t[spec])
         if outcome.confidence is not None and self.ctx.confidences.any():
             self._calibrate(outcome, d_ctx, spec)
-        self._refit(outcome, d_ctx, outcome.drafted > 0)
-        if self.bandit is not None:
-            mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
-            if mine.any():
-                self.bandit.update(outcome.slots[mine], d_ctx[mine], self._rewards(outcome, d_ctx)[mine])
 
     def _calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
         conf = outcome.confidence
@@ -530,14 +606,14 @@ class AdaptivePolicy(BasePolicy):
                 share[sel] += d.draft_ms(outcome.ctx_lens[sel].astype(np.float64), outcome.drafted[sel]) / sel.sum()
         return (outcome.accepted + 1) / np.maximum(share, 1e-9)
 
-    def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
+    def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray, uniform: bool) -> None:
         self.loop.update(outcome.prev_loop_ms, outcome.prev_loop_requests)
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
             self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
-                                   float((outcome.verified + 1).sum()) + outcome.prefill_tokens, outcome.verify_ms,
+                                   float(outcome.verified.sum() + outcome.n) + outcome.prefill_tokens, outcome.verify_ms,
                                    1.0, float(outcome.n))
-        used = self._drafters_in(d_ctx[spec])
+        used = d_ctx[:1] if uniform and spec.any() else self._drafters_in(d_ctx[spec])
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]
             if rls is not None:

@@ -103,17 +103,27 @@ class BasePolicy:
     def _new_slots(self, view: StepView) -> np.ndarray:
         """Slots that hold a request this policy has not seen before (their state must be reset)."""
         slots = view.slots
-        if slots.size and slots.max() >= self._slot_rid.size:
-            grown = np.full(max(int(slots.max()) + 1, 2 * self._slot_rid.size), -1, dtype=I64)
-            grown[: self._slot_rid.size] = self._slot_rid
-            self._slot_rid = grown
-        fresh = self._slot_rid[slots] != view.request_ids
+        try:
+            known = self._slot_rid[slots]
+        except IndexError:  # a slot past the per-slot arrays (rare): grow them, no max() every step
+            self._grow_slots(max(int(slots.max()) + 1, 2 * self._slot_rid.size))
+            known = self._slot_rid[slots]
+        fresh = known != view.request_ids
         self._slot_rid[slots] = view.request_ids
         return slots[fresh]
+
+    def _grow_slots(self, size: int) -> None:
+        """Grow the per-slot arrays to ``size`` slots; subclasses with their own extend this."""
+        grown = np.full(size, -1, dtype=I64)
+        grown[: self._slot_rid.size] = self._slot_rid
+        self._slot_rid = grown
 
     def caps(self, view: StepView) -> np.ndarray:
         if self.ctx.force_off or self.ctx.max_k <= 0:
             return np.zeros(view.n, dtype=I64)
+        if view.n == 1:  # plain ints
+            one = min(int(view.k_cap[0]), int(view.remaining[0]) - 1, self.ctx.max_k, view.max_k)
+            return np.array([max(one, 0)], dtype=I64)
         cap = np.minimum(np.minimum(view.k_cap, view.remaining - 1), min(self.ctx.max_k, view.max_k))
         return np.maximum(cap, 0)
 

@@ -8,9 +8,9 @@ from control.policy.adaptive import AdaptivePolicy
 from control.policy.base import PolicyContext
 from control.policy.simple import FixedPolicy, HFHeuristicPolicy, NonePolicy, StaticSchedulePolicy
 from control.policy.smartspec import SmartSpecPolicy, TurboSpecPolicy
-from control.policy.spec import parse_policy_spec, parse_schedule_arg
 from control.policy.specserve import SpecServePolicy
 from control.policy.types import Policy
+from control.policyspec import parse_policy_spec, parse_schedule_arg
 
 
 def build_policy(spec: str, plan: Plan, *, seed: int = 0) -> Policy:

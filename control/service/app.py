@@ -13,7 +13,9 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``):
   ``GET /metrics`` (Prometheus), ``GET /`` (the dashboard).
 
 Every write (any method but GET/HEAD/OPTIONS) needs ``Authorization: Bearer <token>``; the check runs
-before the body is read. Bodies above the size limit get 413 before they are parsed. Every 4xx
+before the body is read. Bodies above the size limit get 413 before they are parsed; a body with a
+Content-Type other than JSON gets 415 (no Content-Type is read as JSON). Types are strict and numbers
+must be finite (NaN, Infinity, 1e400 get 422 naming the field). Every 4xx
 carries ``{"detail": "<one line naming the value and what is accepted>"}``.
 """
 
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -34,11 +37,11 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control import __version__
+from control.agent.wire import TelemetryBatch
 from control.errors import SpecctlError, describe_validation_error
 from control.plan import Plan
 from control.service.overrides import Overrides
 from control.service.state import ControlState
-from control.service.telemetry import TelemetryBatch
 
 log = logging.getLogger("specctl.service")
 
@@ -99,6 +102,7 @@ class Explained(BaseModel):
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "missing or invalid bearer token"},
     413: {"model": ErrorBody, "description": "body larger than the service's limit"},
+    415: {"model": ErrorBody, "description": "body not sent as JSON"},
     422: {"model": ErrorBody, "description": "invalid input; detail names the value and what is accepted"},
 }
 
@@ -195,6 +199,16 @@ class WriteGuard:
                                                    f"and got {what}; {TOKEN_HINT}"},
                              extra=[(b"www-authenticate", b"Bearer")])
             return
+        ctype = headers.get(b"content-type")
+        if not _json_content_type(ctype):
+            if telemetry:
+                self.state.reject("invalid")
+            await _send_json(send, 415, {"detail": f"{scope['method']} {scope.get('path')}: Content-Type "
+                                                   f"{ctype.decode('latin-1')[:100]!r} is not accepted; send the body as "
+                                                   "JSON with 'Content-Type: application/json'"})
+            return
+        if ctype is None:  # read as JSON: the app parses a body as JSON only when told so
+            scope = {**scope, "headers": [*scope.get("headers", []), (b"content-type", b"application/json")]}
         length = headers.get(b"content-length")
         try:
             declared = int(length) if length is not None else None
@@ -234,6 +248,29 @@ class WriteGuard:
             self.state.reject("too_large")
         await _send_json(send, 413, {"detail": f"request body of {size} bytes (or more) exceeds the limit of "
                                                f"{self.max} bytes; send smaller telemetry windows (fewer step samples)"})
+
+
+def _json_content_type(value: bytes | None) -> bool:
+    """True for a JSON media type (``application/json``, ``application/*+json``) or no Content-Type.
+
+    A body without the header is read as JSON (what API clients that omit it mean); a form or text
+    type is refused rather than guessed at.
+    """
+    if value is None:
+        return True
+    media = value.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its text (``nan``, ``inf``), so it encodes as JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 async def _send_json(send, status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> None:
@@ -294,8 +331,9 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
         if request.url.path == "/v1/telemetry":
             state.reject("invalid")
         where = f"{request.method} {request.url.path}"
+        errors = json_safe(jsonable_encoder(exc.errors()[:10]))
         return JSONResponse(status_code=422, content={"detail": describe_validation_error(where, exc),
-                                                      "errors": jsonable_encoder(exc.errors())[:10]})
+                                                      "errors": errors})
 
     @app.exception_handler(SpecctlError)
     async def _specctl(request: Request, exc: SpecctlError):

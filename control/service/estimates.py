@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from control.agent.wire import TelemetryBatch
+from control.goodput.acceptance import DEFAULT_ACCEPTANCE
 from control.goodput.cost import LinearCost
 from control.goodput.stepcost import DrafterKind
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT
 from control.profile import CostCoeffs, Profile
-from control.service.telemetry import TelemetryBatch
 
 RATE_MIN, RATE_MAX = 0.001, 0.995
 CV_MARGIN = 0.64  # a refit replaces the profile when its held-out squared error is below this share (0.8 in RMS)
@@ -36,7 +37,7 @@ class AcceptanceTracker:
         self.names = tuple(profile.drafter_names)
         self.index = {n: i for i, n in enumerate(self.names)}
         m, K = len(self.names), MAX_K_LIMIT
-        self.prior = np.array([profile.acceptance.get(n, 0.6) for n in self.names])
+        self.prior = np.array([profile.acceptance.get(n, DEFAULT_ACCEPTANCE) for n in self.names])
         self.prior_trials = float(prior_trials)
         self.halflife_s = float(halflife_s)
         self.trials = np.zeros((m, K))

@@ -22,6 +22,14 @@ class StateCollector(Collector):
         self.subscribers = subscribers
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._plan()
+        yield from self._acceptance()
+        yield from self._steps()
+        yield from self._step_times()
+        yield from self._telemetry()
+
+    def _plan(self) -> Iterator[Metric]:
+        """The plan in force and its publications."""
         s = self.state
         t = s.totals
         p = s.plan
@@ -36,7 +44,11 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("specctl_plan_force_off", "1 when speculation is forced off", value=int(p.force_off))
         yield GaugeMetricFamily("specctl_plan_subscribers", "Open plan-stream subscriptions", value=self.subscribers())
 
-        # Acceptance: live estimates and cumulative counts per drafter and position.
+    def _acceptance(self) -> Iterator[Metric]:
+        """Acceptance: live estimates and cumulative counts per drafter and position."""
+        s = self.state
+        t = s.totals
+        p = s.plan
         est = GaugeMetricFamily("specctl_acceptance_rate", "Estimated conditional acceptance per drafter and draft "
                                 "position (position=all: pooled)", labels=["drafter", "position"])
         trials = CounterMetricFamily("specctl_draft_position_trials", "Draft positions evaluated by the target",
@@ -61,7 +73,9 @@ class StateCollector(Collector):
         yield acc
         yield tokens
 
-        # k distribution over per-request decisions (a histogram with integer buckets).
+    def _steps(self) -> Iterator[Metric]:
+        """The k distribution and step counts."""
+        t = self.state.totals
         cum, total_k = 0, 0
         buckets = []
         for k, n in enumerate(t.k_hist.tolist()):
@@ -80,7 +94,11 @@ class StateCollector(Collector):
         yield CounterMetricFamily("specctl_request_steps", "Request-steps (sum of batch sizes)", value=t.request_steps)
         yield CounterMetricFamily("specctl_finished_requests", "Requests finished", value=t.finished)
 
-        # Step time: measured, the agents' policy predictions, and the service's model on sampled steps.
+    def _step_times(self) -> Iterator[Metric]:
+        """Step time: measured, the policies' predictions, and the service's cost model."""
+        s = self.state
+        t = s.totals
+        p = s.plan
         yield CounterMetricFamily("specctl_step_time_measured_ms", "Sum of measured step times (ms)", value=t.measured_ms)
         ap = CounterMetricFamily("specctl_step_time_policy_ms", "Steps the policy predicted: predicted and measured "
                                  "time sums (ms)", labels=["kind"])
@@ -118,7 +136,10 @@ class StateCollector(Collector):
             coef.add_metric([key, "d"], cc.d_ms_per_request)
         yield coef
 
-        # Telemetry health.
+    def _telemetry(self) -> Iterator[Metric]:
+        """Telemetry health."""
+        s = self.state
+        t = s.totals
         yield CounterMetricFamily("specctl_telemetry_windows", "Telemetry windows accepted", value=t.windows)
         rej = CounterMetricFamily("specctl_telemetry_rejected", "Telemetry posts rejected, by reason", labels=["reason"])
         for reason, n in sorted(t.rejected.items()):

@@ -1,7 +1,8 @@
 """Operator overrides: what ``PUT /v1/overrides`` sets (behind the bearer token).
 
 A PUT replaces the whole set; a field left out (or null) is not overridden and the service's
-configured default applies. ``{}`` clears every override.
+configured default applies. ``{}`` clears every override. Types are strict (``max_k: true`` or
+``"3"``, ``force_off: "yes"`` are refused, not coerced) and numbers must be finite.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from control.errors import ConfigError
-from control.policy.spec import ACCEPTED, MAX_K_LIMIT, parse_policy_spec
+from control.policyspec import ACCEPTED, MAX_K_LIMIT, parse_policy_spec
 from control.profile import Profile
 
 SERVICE_POLICIES = ACCEPTED.replace(", oracle (simulator only)", "")
@@ -20,7 +21,7 @@ SERVICE_POLICIES = ACCEPTED.replace(", oracle (simulator only)", "")
 class Overrides(BaseModel):
     """Operator overrides of the plan. Every field is optional."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     policy: str | None = Field(default=None, max_length=200, description=f"policy name; accepted: {SERVICE_POLICIES}")
     max_k: int | None = Field(default=None, ge=0, le=MAX_K_LIMIT, description="largest draft length")

@@ -1,7 +1,6 @@
 """Running the service: bind a socket (with a clear error when the port is taken), serve with uvicorn.
 
-``serve`` blocks (the CLI); ``ServiceThread`` runs the same server in a background thread of the
-current process (embedding, tools).
+``serve`` blocks until SIGINT/SIGTERM (the CLI, ``specctl control-plane``).
 """
 
 from __future__ import annotations
@@ -9,8 +8,6 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
-import threading
-import time
 
 from control.errors import SpecctlError
 
@@ -82,34 +79,3 @@ def serve(app, sock: socket.socket, *, log_level: str = "warning") -> None:
     """Serve ``app`` on the bound ``sock`` until SIGINT/SIGTERM."""
     _server(app, log_level).run(sockets=[sock])
 
-
-class ServiceThread:
-    """The service in a background thread: ``with ServiceThread(app, sock) as url: ...``."""
-
-    def __init__(self, app, sock: socket.socket, *, log_level: str = "warning") -> None:
-        self.sock = sock
-        self.url = url_of(sock)
-        self._server = _server(app, log_level)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name="specctl-service")
-
-    def start(self, timeout_s: float = 10.0) -> str:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise SpecctlError(f"the control-plane service did not start within {timeout_s:.0f} s")
-            time.sleep(0.02)
-        return self.url
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._server.should_exit = True
-        _close_streams(self._server.config.app)
-        self._thread.join(timeout_s)
-        self.sock.close()
-
-    def __enter__(self) -> str:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

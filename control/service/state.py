@@ -34,16 +34,16 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from control.agent.wire import K_BUCKETS, TelemetryBatch
 from control.errors import ConfigError, describe_validation_error
 from control.goodput.acceptance import chain_expected
 from control.goodput.optimizer import Constraints
 from control.goodput.stepcost import uniform_step_ms
 from control.plan import SLO, AcceptanceState, Plan, compile_plan, typical_ctx
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT, check_policy_bounds
 from control.profile import Profile
 from control.service.estimates import AcceptanceTracker, CostRefit, ModelError
 from control.service.overrides import Overrides
-from control.service.telemetry import K_BUCKETS, TelemetryBatch
 
 STATE_SCHEMA = "specctl.service-state/v1"
 MIX_WINDOW_S = 60.0
@@ -56,6 +56,7 @@ class ServiceConfig:
 
     policy: str = "adaptive"
     max_k: int = 8
+    max_batch: int | None = None  # the deployment's largest batch (None: the profile's limits.max_batch)
     slo: SLO = field(default_factory=SLO)
     drafters: list[str] | None = None
     default_drafter: str | None = None
@@ -135,6 +136,14 @@ class ControlState:
         if saved is not None:
             version, self.overrides = saved
         self.overrides.check_profile(profile)
+        if self.overrides.policy is not None:
+            max_k = self.overrides.max_k if self.overrides.max_k is not None else self.config.max_k
+            try:
+                check_policy_bounds(self.overrides.policy, max_k=max_k, max_batch=self.max_batch,
+                                    where="saved override policy")
+            except ConfigError as e:
+                raise ConfigError(f"state file '{self.config.state_path}': {e}; fix the override there or move "
+                                  "the file away") from None
         self.published_at = 0.0
         self.plan: Plan = self._compile(self.overrides, version, "service start")
         self._publish(self.plan, "start")
@@ -180,10 +189,36 @@ class ControlState:
         for cb in list(self.listeners):
             cb(plan)
 
-    def set_overrides(self, ov: Overrides) -> Plan:
-        """Apply an operator's overrides: validate, recompile, publish a new version."""
+    @property
+    def max_batch(self) -> int:
+        """The deployment's largest batch: configured, else the profile's limit."""
+        return self.config.max_batch or self.base_profile.limits.max_batch
+
+    def check_overrides(self, ov: Overrides) -> Plan:
+        """The plan ``ov`` compiles to, once it is known that an agent can run it; ConfigError otherwise.
+
+        Checks the drafters against the profile, the policy against the deployment's K and max batch,
+        and builds the plan's policy as an agent would, so nothing is published that agents refuse.
+        """
+        from control.policy.registry import build_policy
+
         ov.check_profile(self.base_profile)
+        max_k = ov.max_k if ov.max_k is not None else self.config.max_k
+        if ov.policy is not None:
+            check_policy_bounds(ov.policy, max_k=max_k, max_batch=self.max_batch, where="override policy")
         plan = self._compile(ov, self.plan.version + 1, f"override: {ov.describe()}")
+        try:
+            build_policy(plan.policy, plan)
+        except ConfigError as e:
+            raise ConfigError(f"override {ov.describe()}: the plan's policy cannot be built: {e}") from None
+        return plan
+
+    def set_overrides(self, ov: Overrides) -> Plan:
+        """Apply an operator's overrides: validate all of it, then recompile and publish a new version.
+
+        A refused override changes nothing (no version, no state file write).
+        """
+        plan = self.check_overrides(ov)
         self.overrides = ov
         self._publish(plan, "override")
         return plan

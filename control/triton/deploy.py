@@ -6,9 +6,12 @@
    engines; else a quick calibration of the engine directory, a few seconds) and copy it into the run
    directory;
 2. check every port before starting anything (a taken port is one line naming it);
-3. start ``specctl control-plane`` as a child process and wait for ``/readyz`` with a deadline;
-4. render ``triton_repo/`` into ``<run>/model_repository`` with the engine directory, profile, policy
-   and the service's URL and token in the llm model's parameters, and start ``tritonserver`` with
+3. start ``specctl control-plane`` as a child process (its overrides and plan version kept in
+   ``<run>/control-state.json``) and wait for ``/readyz`` with a deadline;
+4. write the service's token to the owner-only ``<run>/control-token``; render ``triton_repo/`` into
+   ``<run>/model_repository`` with the engine directory, profile, policy, the service's URL and the
+   token file's path (never the token: Triton serves model configs to anyone) in the llm model's
+   parameters, and start ``tritonserver`` with
    the project on PYTHONPATH, waiting for readiness with a deadline;
 5. ``stop()`` stops Triton, then the service (SIGTERM, then SIGKILL after a grace period): no orphans.
 """
@@ -31,6 +34,8 @@ from control.errors import ConfigError, SpecctlError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
+TOKEN_FILE = "control-token"  # in the run directory, owner-only; the llm model's config names it
+STATE_FILE = "control-state.json"  # the service's overrides and plan version, kept across its restarts
 
 
 @dataclass
@@ -157,7 +162,7 @@ class Deployment:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> Deployment:
-        from control.triton.repo import render_llm_repo
+        from control.triton.repo import render_llm_repo, write_token_file
         from control.triton.server import TritonServer, check_ports
 
         c = self.cfg
@@ -170,10 +175,11 @@ class Deployment:
         try:
             if c.service:
                 self.start_service()
+            token_file = write_token_file(self.run_dir / TOKEN_FILE, self.token) if c.service else None
             repo = render_llm_repo(self.run_dir / "model_repository", engine_dir=Path(c.engine_dir),
                                    profile=self.profile_path, policy=c.policy,
                                    control_url=self.control_url if c.service else "",
-                                   control_token=self.token if c.service else "", max_k=c.max_k,
+                                   control_token_file=token_file, max_k=c.max_k,
                                    max_batch=c.max_batch, max_tokens=c.max_tokens, instances=c.instances,
                                    threads=c.threads, drafter=c.drafter, decoupled=c.decoupled)
             self.say(f"starting tritonserver (model repository {repo})")
@@ -190,17 +196,25 @@ class Deployment:
         return self
 
     def start_service(self) -> None:
+        """Start the control-plane service and wait until it is ready."""
+        self.spawn_service()
+        _wait_http(f"{self.control_url}/readyz", self.service_proc, 60.0, "the control-plane service",
+                   self.run_dir / "control-plane.log")
+
+    def spawn_service(self) -> None:
+        """Start the control-plane service without waiting. It keeps its overrides and plan version in
+        ``<run>/control-state.json``, so a restarted service carries on where the last one stopped."""
         c = self.cfg
         log = self.run_dir / "control-plane.log"
         cmd = [sys.executable, "-m", "control", "control-plane", "--profile", str(self.profile_path), "--host", c.host,
-               "--port", str(c.control_port), "--policy", c.policy, "--max-k", str(c.max_k), *c.service_args]
+               "--port", str(c.control_port), "--policy", c.policy, "--max-k", str(c.max_k),
+               "--max-batch", str(c.max_batch), "--state", str(self.run_dir / STATE_FILE), *c.service_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECCTL_TOKEN": self.token,
                "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
         self.say(f"starting the control-plane service on {self.control_url}")
         with open(log, "ab") as f:
             self.service_proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
                                                  start_new_session=True)
-        _wait_http(f"{self.control_url}/readyz", self.service_proc, 60.0, "the control-plane service", log)
 
     def kill_service(self) -> None:
         """SIGKILL the service (tests: the data plane must keep serving)."""

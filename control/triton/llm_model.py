@@ -6,7 +6,7 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
 --backend pytorch`` renders). ``LlmModel``:
 
 - ``initialize`` reads the model parameters (``config.pbtxt``, rendered by ``specctl serve``): the
-  executor and engine directory, the profile, the policy, the control-plane URL and token, limits;
+  executor and engine directory, the profile, the policy, the control-plane URL and the file holding its token, limits;
   it loads the engine, builds the agent (which serves on its default plan until the service answers)
   and starts the loop thread.
 - ``execute`` (decoupled) validates each request, registers it with the executor and returns at
@@ -15,8 +15,9 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
 - The loop thread steps the executor whenever it has work and sleeps on a condition otherwise. Each
   step's new tokens go out through that request's response sender (text detokenised incrementally,
   never splitting a multi-byte character); a request whose client cancelled or went away is cancelled
-  in the executor before the next step, which frees its KV slot at once; an error in one request or
-  one step never takes the loop down.
+  in the executor before a step, which frees its KV slot at once: before each step a fixed number of
+  the running and of the queued requests are asked in turn (``CancelWatch``), so the loop's own work
+  per step does not grow with the queue; an error in one request or one step never takes the loop down.
 - A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
   agent follows, the last step's k) as JSON in ``text_output``.
 """
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from control.errors import ConfigError
+from control.triton.cancel_watch import CancelWatch
 from control.triton.llm_metrics import LlmMetrics
 from control.triton.llm_request import (
     ACCEPTED_OUTPUTS,
@@ -54,6 +56,9 @@ EXECUTORS = ("reference", "trtllm")
 CONTROLS = ("drafter-hook", "static-schedule")
 K_HIST = 17  # k = 0..16
 PROMPT_BYTES_PER_TOKEN = 64  # text_input above max_seq_len * this many bytes is refused before tokenising
+TOKEN_FILE_FORBIDDEN_BITS = 0o077  # group and other permissions: the token file is owner-only
+MAX_TOKEN_FILE_CHARS = 4096
+AGENT_BACKOFF_MAX_S = 2.0  # a restarted control plane (same port) is found again within about this long
 
 
 @dataclass(frozen=True)
@@ -83,12 +88,16 @@ class ModelParams:
     default_max_tokens: int = 64
     threads: int = 1
     control_url: str = ""
-    control_token: str = ""
+    control_token_file: str = ""
     drafter: str = ""
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelParams:
         raw = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
+        if raw.get("control_token"):
+            raise ConfigError("llm model parameter control_token: Triton shows the model config to anyone "
+                              "(GET /v2/models/<name>/config), so it must not hold the token; write the token to "
+                              "an owner-only file named by control_token_file, or set SPECCTL_TOKEN")
         kw: dict[str, Any] = {}
         for f in cls.__dataclass_fields__.values():
             if f.name not in raw or raw[f.name] == "":
@@ -121,6 +130,33 @@ class ModelParams:
             if getattr(p, name) < (0 if name == "max_k" else 1):
                 raise ConfigError(f"llm model parameter {name} = {getattr(p, name)}: must be >= {0 if name == 'max_k' else 1}")
         return p
+
+    def read_token(self) -> str | None:
+        """The control-plane token: from ``control_token_file`` if set, else None (the agent then reads
+        SPECCTL_TOKEN from the environment)."""
+        return read_token_file(self.control_token_file) if self.control_token_file else None
+
+
+def read_token_file(path: str) -> str:
+    """A token from an owner-only file; ConfigError if it is missing, empty or readable by others."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"llm model parameter control_token_file = {path!r}: not a regular file")
+        if st.st_mode & TOKEN_FILE_FORBIDDEN_BITS:
+            raise ConfigError(f"llm model parameter control_token_file = {path!r}: mode {stat.S_IMODE(st.st_mode):o} "
+                              "lets others read it; make it owner-only (chmod 600)")
+        with open(path, encoding="utf-8") as f:
+            token = f.read(MAX_TOKEN_FILE_CHARS + 1).strip()
+    except OSError as e:
+        raise ConfigError(f"llm model parameter control_token_file = {path!r}: cannot read it ({e.strerror})") from None
+    if not token or len(token) > MAX_TOKEN_FILE_CHARS or any(c.isspace() for c in token):
+        raise ConfigError(f"llm model parameter control_token_file = {path!r}: must hold one token of 1.."
+                          f"{MAX_TOKEN_FILE_CHARS} characters without spaces")
+    return token
 
 
 class Detokenizer:
@@ -337,6 +373,7 @@ class LlmModel(ResponseSender):
         self._stop = False
         self._last_k: list[int] = []
         self._k_hist = np.zeros(K_HIST, dtype=np.int64)  # request-steps by k
+        self._watch = CancelWatch()
         self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
         self._thread.start()
         if self.agent is not None:
@@ -348,7 +385,7 @@ class LlmModel(ResponseSender):
         from control.executors.reference.calibrate import find_profile, quick_profile
         from control.executors.reference.engine import EngineConfig, PlainDecoding, ReferenceEngine
         from control.executors.reference.loader import load_engine_dir
-        from control.policy.spec import parse_policy_spec
+        from control.policyspec import parse_policy_spec
         from control.profile import load_profile
 
         self.loaded = loaded = load_engine_dir(p.engine_dir)
@@ -366,7 +403,8 @@ class LlmModel(ResponseSender):
                 if profile is None or profile.pair != loaded.name:
                     profile = quick_profile(loaded)
             self.agent = Agent(profile, url=p.control_url or None, policy=self.policy_spec, drafters=drafters,
-                               max_k=p.max_k, token=p.control_token or None,
+                               max_k=p.max_k, max_batch=p.max_batch, token=p.read_token(),
+                               backoff_max_s=AGENT_BACKOFF_MAX_S,
                                source=f"triton-{self.instance}".replace(" ", "-")[:128])
             policy = self.agent
         self.engine = ReferenceEngine(loaded.target, loaded.drafters, policy,
@@ -401,6 +439,7 @@ class LlmModel(ResponseSender):
             rid = self.engine.add_request(req.prompt_ids, req.params)  # ConfigError: nothing is queued
             self.live[rid] = Live(rid, sender, req.stream, Detokenizer(self._decode), time.monotonic(), req,
                                   arrival_ns=time.time_ns())
+            self._watch.add(rid)
             self.counters.requests += 1
         with self._cond:
             self._cond.notify()
@@ -445,9 +484,14 @@ class LlmModel(ResponseSender):
             for out in outs:
                 self._deliver(out)
             c.deliver_ms += (time.perf_counter() - t) * 1e3
+            self._watch.ran(out.request_id for out in outs if not out.finished)
 
     def _reap_cancelled(self) -> None:
-        for rid, live in list(self.live.items()):
+        """Cancel the requests whose client cancelled or went away, among those due to be asked."""
+        for rid in self._watch.due(self.live):
+            live = self.live.get(rid)
+            if live is None:
+                continue
             try:
                 gone = live.sender.is_cancelled()
             except Exception:

@@ -35,7 +35,7 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.executors.base import MAX_SEED, SamplingParams
-from control.policy.spec import parse_policy_spec
+from control.policyspec import parse_policy_spec
 
 # Output names: ours first, then the names `specctl build` renders for the TensorRT-LLM llm config.
 DRAFTED_OUTPUTS = ("drafted_tokens", "total_draft_tokens")

@@ -205,7 +205,7 @@ class LlmApiModel(ResponseSender):
                 self.max_k = min(self.max_k, plan.max_k)
             self.agent = Agent(plan.profile, url=p.control_url or None, policy=plan.policy,
                                drafters=(plan.default_drafter,), max_k=min(self.max_k, plan.max_k), slo=plan.slo,
-                               token=p.control_token or None,
+                               token=p.read_token(),
                                source=f"triton-{self.instance}".replace(" ", "-")[:128])
         drafter = None
         if self.control.mode == "drafter-hook":

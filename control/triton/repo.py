@@ -37,12 +37,13 @@ def _alias_config(llm_template: str, name: str, decoupled: bool) -> str:
 
 
 def render_llm_repo(out: Path, *, engine_dir: Path, profile: Path | None, policy: str = "adaptive",
-                    control_url: str = "", control_token: str = "", max_k: int = 8, max_batch: int = 32,
+                    control_url: str = "", control_token_file: Path | None = None, max_k: int = 8, max_batch: int = 32,
                     max_tokens: int = 1024, instances: int = 1, threads: int = 1, drafter: str = "",
                     decoupled: bool = True, templates: Path = TEMPLATES) -> Path:
     """Write ``out/llm/{config.pbtxt,1/model.py}`` and the aliases; returns ``out`` (the model repository).
 
-    The config holds the control-plane token, so it is readable by its owner only.
+    The config names the file holding the control-plane token (``write_token_file``), never the token:
+    Triton shows a model's config to any client. It is still written owner-only (it holds paths).
     """
     if instances < 1:
         raise ConfigError(f"instances = {instances}: must be >= 1")
@@ -52,7 +53,7 @@ def render_llm_repo(out: Path, *, engine_dir: Path, profile: Path | None, policy
     params = {"executor": "reference", "engine_dir": Path(engine_dir).resolve(),
               "profile": Path(profile).resolve() if profile else "", "policy": policy, "max_k": max_k,
               "max_batch": max_batch, "max_tokens": max_tokens, "threads": threads, "control_url": control_url,
-              "control_token": control_token, "drafter": drafter}
+              "control_token_file": Path(control_token_file).resolve() if control_token_file else "", "drafter": drafter}
     template = (src / "config.pbtxt.in").read_text()
     text = Template(template).substitute(
         instances=instances, decoupled=str(decoupled).lower(),
@@ -71,3 +72,13 @@ def _write_model(model: Path, config: str, model_py: Path) -> None:
     fd = os.open(model / "config.pbtxt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(config)
+
+
+def write_token_file(path: Path, token: str) -> Path:
+    """Write ``token`` to ``path``, readable by its owner only (created 0600, never world-readable)."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path

@@ -166,6 +166,12 @@ class TritonServer:
         return f"{self.host}:{self.ports['grpc']}"
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
+        self.launch()
+        self.wait_ready(timeout_s)
+        return self
+
+    def launch(self) -> TritonServer:
+        """Start the process without waiting for readiness (``ready()`` polls it)."""
         check_ports(self.ports, self.host)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         backends = prepare_backends(self.install, self.run_dir) if self.install.stub else self.install.python_backend.parent
@@ -175,25 +181,37 @@ class TritonServer:
             f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
             f"--metrics-port={self.ports['metrics']}", "--exit-on-error=true", "--log-verbose=0", *self.extra_args,
         ]
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the process for its lifetime
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime; restarts append
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(self.install, self.pythonpath),
                                      start_new_session=True)
         log.close()
-        self.wait_ready(timeout_s)
         return self
+
+    def ready(self, timeout_s: float = 1.0) -> bool:
+        """One readiness probe: ``/v2/health/ready`` answers 200."""
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=timeout_s) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process of its group (its backend stubs): in-flight requests
+        fail at once instead of waiting out a graceful exit. Also after the server itself died: its
+        stubs outlive it, orphaned, unless their group is killed."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        url = f"{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise SpecctlError(f"tritonserver exited with code {self.proc.returncode} while starting: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=1.0) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
+            if self.ready():
+                return
             time.sleep(0.2)
         self.stop()
         raise SpecctlError(f"tritonserver was not ready within {timeout_s:.0f} s: {self.log_tail()}")
@@ -210,7 +228,10 @@ class TritonServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is not None:  # it died: end what is left of its group (orphaned stubs)
+            self.kill()
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)

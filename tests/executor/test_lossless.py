@@ -121,7 +121,7 @@ def test_batch_of_one_plain_equals_packed_plain(loaded, prompts, reference):
 
 
 def test_engine_driven_by_the_agent(loaded, prompts, reference):
-    """The in-process agent (control/agent.py, default plan, no service) as the engine's policy."""
+    """The in-process agent (control/agent/, default plan, no service) as the engine's policy."""
     from control.agent import Agent
     from tests.executor.conftest import tiny_profile
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from control.cli import main
+from control.triton.repo import write_token_file
 from tests.trtllm_triton.deploy import set_param
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def build_repository(work: Path, engines: Path, profile: Path, control_url: str,
     every iteration). Both follow and report to the control plane at ``control_url``."""
     repo = work / "repo"
     repo.mkdir()
-    common = {"control_url": control_url, "control_token": token}
+    common = {"control_url": control_url, "control_token_file": str(write_token_file(work / "control-token", token))}
     draft = render(work / "deploy-draft", "draft", profile)
     install_model(repo, draft, "llm", engines, options={"standin_fail_token": fail_token}, **common)
     ngram = render(work / "deploy-ngram", "ngram", profile)

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from control.agent import Agent
+from control.agent.wire import DrafterStats, TelemetryBatch
 from control.errors import ConfigError
 from control.executors.trtllm.drafter_hook import KPlanner
 from control.executors.trtllm.llmapi import chain_positions, sampling_kwargs
 from control.plan import compile_plan
 from control.policy import build_policy
 from control.service.estimates import AcceptanceTracker
-from control.service.telemetry import DrafterStats, TelemetryBatch
 from control.triton.llm_model import ModelParams
 from control.triton.llm_request import Limits, parse_request
 from control.triton.llmapi_model import KControl, check_request, choose_control, llmapi_sampling

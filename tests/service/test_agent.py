@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from control.agent import Agent
+from control.agent.link import Backoff
 from control.errors import ConfigError
 from control.plan import compile_plan
 from control.policy import build_policy
 from control.policy.types import StepView
-from control.service.client import Backoff
 from tests.conftest import make_profile
 from tests.service.conftest import AUTH, TOKEN, free_port
 from tests.service.driver import EngineThread, SyntheticEngine

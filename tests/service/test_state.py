@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from control.agent import TelemetryWindow
+from control.agent.wire import TelemetryBatch
 from control.errors import ConfigError
 from control.plan import compile_plan
 from control.policy import build_policy
 from control.service.overrides import Overrides
 from control.service.state import ControlState, ServiceConfig
-from control.service.telemetry import TelemetryBatch
 from tests.conftest import make_profile
 from tests.service.driver import SyntheticEngine
 

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from control.agent import TelemetryWindow
+from control.agent.wire import MAX_SAMPLES, TelemetryBatch
 from control.policy.types import StepOutcome, position_counts
-from control.service.telemetry import MAX_SAMPLES, TelemetryBatch
 
 DRAFTERS = ("draft", "ngram")
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
-from control.executors.reference.sampling import filtered_probs, sample_index
+from control.executors.reference.sampling import filtered_probs
 
 I64 = np.int64
 
@@ -56,7 +56,7 @@ class DraftRows:
     temperature: np.ndarray
     top_k: np.ndarray
     top_p: np.ndarray
-    rngs: list  # np.random.Generator per row (None for greedy rows)
+    noise: list  # PositionNoise per row (None for greedy rows)
 
 
 @dataclass(slots=True)
@@ -165,7 +165,7 @@ class SelfSpecDrafter:
 def _take(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, drafts: np.ndarray, conf: np.ndarray,
           count: np.ndarray, prod: np.ndarray, q: list | None, s: int) -> np.ndarray:
     """Record draft token s for the active rows (logits in active order); return the rows that go on."""
-    tok, c = _choose(logits, active, rows, q)
+    tok, c = _choose(logits, active, rows, q, s)
     drafts[active, s] = tok
     conf[active, s] = c
     count[active] += 1
@@ -176,9 +176,10 @@ def _take(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, drafts: np.
     return active[keep]
 
 
-def _choose(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, q: list | None):
-    """Next draft token and its confidence for each active row: the most likely token and its
-    probability, or for sampled rows a draw from the filtered distribution (kept in ``q``)."""
+def _choose(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, q: list | None, s: int):
+    """Next draft token (draft position ``s``) and its confidence for each active row: the most likely
+    token and its probability, or for sampled rows a draw from the filtered distribution (kept in
+    ``q``) with the request's noise at that token position, the noise the target draws with."""
     probs = torch.softmax(logits.float(), dim=-1)
     tok = probs.argmax(dim=-1)
     c = probs.gather(1, tok[:, None])[:, 0]
@@ -191,7 +192,7 @@ def _choose(logits: torch.Tensor, active: np.ndarray, rows: DraftRows, q: list |
                             torch.from_numpy(rows.top_k[r]), torch.from_numpy(rows.top_p[r]).float())
         fp = fp.double().numpy()
         for j, row in enumerate(r):
-            t = sample_index(fp[j], rows.rngs[row])
+            t = rows.noise[row].sample(fp[j], int(rows.n_tok[rows.slots[row]]) + s)
             tok_np[samp[j]] = t
             c_np[samp[j]] = fp[j, t]
             prev = q[row]

@@ -8,15 +8,17 @@ One iteration (``step``):
    and sample their first token;
 4. draft for each decode request with k > 0 (its chosen drafter; a draft model first catches up on
    the tokens its cache misses), let a ``Verifier`` policy prune, verify every request's last token
-   plus its drafts in one packed target pass, accept (greedy exact match, or rejection sampling at
-   temperature > 0), roll back the rejected positions in the target and draft caches, append the
+   plus its drafts in one packed target pass, accept (exact match against the target's greedy token,
+   or at temperature > 0 against the target's draw with the request's position noise), roll back the rejected positions in the target and draft caches, append the
    accepted tokens and the bonus token, and stop requests on EOS, a stop word or max_tokens;
 5. report a ``StepOutcome`` to the policy.
 
 Greedy speculative output equals plain greedy output token for token: acceptance is exact match
 against the target's own greedy token, and the target's forward is batch invariant (see
 ``model.py``), so the target computes bitwise the same logits for a token whether it is verified in
-a block of drafts, decoded alone, or packed with any other requests.
+a block of drafts, decoded alone, or packed with any other requests. The same holds for sampled
+output: each position's randomness comes from (request seed, position) (``PositionNoise``), so a
+seeded request gives the same tokens with or without speculation, at any k, batch and load.
 """
 
 from __future__ import annotations
@@ -46,17 +48,18 @@ from control.executors.reference.drafters import (
 from control.executors.reference.kvpool import KVPool
 from control.executors.reference.model import LlamaForCausalLM, Segment
 from control.executors.reference.sampling import (
+    PositionNoise,
     banned_tokens,
     filtered_probs,
-    sample_index,
     stop_hit,
+    verify_coupled,
     verify_greedy,
-    verify_rejection,
 )
-from control.policy.spec import MAX_K_LIMIT
 from control.policy.types import Decision, Policy, StepOutcome, StepView
+from control.policyspec import MAX_K_LIMIT
 
 I64 = np.int64
+UNSEEDED = 0x5EED  # third part of an unseeded request's noise key, so it never equals a seeded one's
 log = logging.getLogger(__name__)
 
 
@@ -116,7 +119,7 @@ class _Request:
     prompt: np.ndarray
     params: SamplingParams
     category: int
-    rng: np.random.Generator | None
+    noise: PositionNoise | None  # None: greedy
     slot: int = -1
     generated: int = 0
     drafted: int = 0
@@ -138,6 +141,20 @@ class GenerationResult:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class _Drafted:
+    """One step's drafts: tokens [n, k_max] (-1 past each request's count), counts [n], confidences
+    [n, K] (None: no drafter reported any), and the draft passes' cost features."""
+
+    drafts: np.ndarray
+    count: np.ndarray
+    conf: np.ndarray | None = None
+    passes: int = 0
+    ctx_tokens: int = 0
+    batched: int = 0
+    ms: float = 0.0
 
 
 class ReferenceEngine:
@@ -236,9 +253,9 @@ class ReferenceEngine:
             raise ConfigError(f"category = {category!r}: must be an integer >= 0 (or omitted)")
         with self._lock:
             rid = next(self._ids)
-            seed = params.random_seed if params.random_seed is not None else [self.cfg.seed, rid]
+            key = (params.random_seed,) if params.random_seed is not None else (self.cfg.seed, rid, UNSEEDED)
             req = _Request(rid, prompt, params, -1 if category is None else category,
-                           None if params.greedy else np.random.default_rng(seed))
+                           None if params.greedy else PositionNoise(key))
             if stream:
                 self._streams[rid] = queue.SimpleQueue()
             self._live.add(rid)
@@ -458,7 +475,7 @@ class ReferenceEngine:
             s = slots[samp]
             p = self._probs(logits[torch.from_numpy(samp).to(self.device)], s)
             for j, row in enumerate(samp):
-                out[row] = sample_index(p[j], self.slot_req[int(s[j])].rng)
+                out[row] = self.slot_req[int(s[j])].noise.sample(p[j], int(self.n_tok[s[j]]))
         return out
 
     def _probs(self, logits: torch.Tensor, slots: np.ndarray) -> np.ndarray:
@@ -527,6 +544,8 @@ class ReferenceEngine:
 
     def _decode(self, dec: np.ndarray, view: StepView, decision: Decision, policy: Policy,
                 stats: IterationStats) -> list[RequestOutput]:
+        """One decode step: 1. clamp the decision; 2. draft; 3. prune (confidence cuts); 4. verify in
+        one target pass; 5. accept and roll back the caches; 6. commit tokens and stop rules; 7. observe."""
         t_start = self.clock()
         n = int(dec.size)
         try:
@@ -536,73 +555,102 @@ class ReferenceEngine:
             decision = _plain(n)
             k, d = self._clamp(view, decision, policy)
         cut = None if decision.conf_cut is None else np.asarray(decision.conf_cut, dtype=np.float64).reshape(-1)
-        kmax = int(k.max(initial=0))
-        drafts = np.full((n, kmax), -1, dtype=I64)
-        count = np.zeros(n, dtype=I64)
-        conf = None
-        q_rows: list = [None] * n
-        passes = ctx_tokens = batched = 0
+        dr = self._draft(dec, k, d, cut)
+        verified = dr.count
+        prune = getattr(policy, "prune", None)
+        if prune is not None and dr.count.any():
+            tp = self.clock()
+            v = self._policy_call(stats, "prune", prune, view, decision, dr.count, dr.conf)
+            stats.policy_ms += (self.clock() - tp) * 1e3
+            v = dr.count if v is None else np.asarray(v, dtype=I64).reshape(-1)
+            verified = np.clip(v, 0, dr.count) if v.shape[0] == n else dr.count
+        reqs = [self.slot_req[int(s)] for s in dec]
+        accepted, bonus, verify_ms = self._verify(dec, reqs, dr.drafts, verified)
+        outputs, finished = self._accept(dec, reqs, dr.drafts, verified, accepted, bonus)
+        outcome = StepOutcome(
+            slots=view.slots, request_ids=view.request_ids, drafter=np.where(k > 0, d, np.maximum(view.drafter, 0)),
+            ctx_lens=view.ctx_lens, drafted=dr.count, verified=verified, accepted=accepted, confidence=dr.conf,
+            category=view.category, draft_ms=dr.ms, verify_ms=verify_ms, total_ms=(self.clock() - t_start) * 1e3,
+            draft_passes=dr.passes, draft_ctx_tokens=dr.ctx_tokens, draft_batched_tokens=dr.batched,
+            finished=np.array(finished, dtype=I64), now=self.clock() - self._t0,
+            step=view.step, prev_loop_ms=self._loop_prev[0], prev_loop_requests=self._loop_prev[1],
+        )
+        tp = self.clock()
+        self._policy_call(stats, "observe", policy.observe, outcome)
+        stats.policy_ms += (self.clock() - tp) * 1e3
+        stats.decode_batch = n
+        stats.k = k.tolist()
+        stats.drafted, stats.verified = int(dr.count.sum()), int(verified.sum())
+        stats.accepted = int(accepted.sum())
+        stats.generated = int(sum(len(o.new_token_ids) for o in outputs))
+        stats.draft_ms, stats.verify_ms = dr.ms, verify_ms
+        return outputs
+
+    def _draft(self, dec: np.ndarray, k: np.ndarray, d: np.ndarray, cut: np.ndarray | None) -> _Drafted:
+        """Each drafter proposes for the requests it serves this step (k > 0)."""
+        n = int(dec.size)
+        out = _Drafted(np.full((n, int(k.max(initial=0))), -1, dtype=I64), np.zeros(n, dtype=I64))
         t_d = self.clock()
         for j in np.unique(d[k > 0]):
             sel = np.flatnonzero((k > 0) & (d == j))
             slots = dec[sel]
-            drafter = self.drafters[int(j)]
             rows = DraftRows(slots, k[sel], None if cut is None else cut[sel], self.tok, self.n_tok,
                              self.sampled[slots], self.temperature[slots], self.top_k[slots], self.top_p[slots],
-                             [self.slot_req[int(s)].rng for s in slots])
-            res = drafter.propose(rows, self.device)
+                             [self.slot_req[int(s)].noise for s in slots])
+            res = self.drafters[int(j)].propose(rows, self.device)
             w = res.drafts.shape[1]
-            drafts[sel, :w] = res.drafts
-            count[sel] = res.count
+            out.drafts[sel, :w] = res.drafts
+            out.count[sel] = res.count
             if res.confidence is not None:
-                if conf is None:
-                    conf = np.full((n, max(self.max_k, 1)), np.nan)
-                conf[sel, :w] = res.confidence
-            if res.q is not None:
-                for i, qi in zip(sel, res.q, strict=True):
-                    q_rows[i] = qi
-            passes, ctx_tokens, batched = passes + res.passes, ctx_tokens + res.ctx_tokens, batched + res.batched_tokens
+                if out.conf is None:
+                    out.conf = np.full((n, max(self.max_k, 1)), np.nan)
+                out.conf[sel, :w] = res.confidence
+            out.passes += res.passes
+            out.ctx_tokens += res.ctx_tokens
+            out.batched += res.batched_tokens
             self.last_drafter[slots] = j
-        draft_ms = (self.clock() - t_d) * 1e3
-        verified = count
-        prune = getattr(policy, "prune", None)
-        if prune is not None and count.any():
-            tp = self.clock()
-            v = self._policy_call(stats, "prune", prune, view, decision, count, conf)
-            stats.policy_ms += (self.clock() - tp) * 1e3
-            v = count if v is None else np.asarray(v, dtype=I64).reshape(-1)
-            verified = np.clip(v, 0, count) if v.shape[0] == n else count
-        # Verify: each request's last token and its verified drafts, packed into one target pass.
+        out.ms = (self.clock() - t_d) * 1e3
+        return out
+
+    def _verify(self, dec: np.ndarray, reqs: list[_Request], drafts: np.ndarray,
+                verified: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """Each request's last token and its verified drafts, packed into one target pass; greedy
+        requests accept the longest matching prefix, sampled ones by coupled rejection sampling.
+        Returns (accepted [n], bonus token [n], verify ms)."""
         t_v = self.clock()
+        n, kmax = drafts.shape
         nt = self.n_tok[dec]
         width = kmax + 1
-        tokmat = np.empty((n, width), dtype=I64)
+        tokmat = np.empty((n, width), dtype=I64)  # [n, K + 1]: last token, then the drafts
         tokmat[:, 0] = self.tok[dec, nt - 1]
         tokmat[:, 1:] = drafts
         rows_per = verified + 1
-        valid = np.arange(width)[None, :] < rows_per[:, None]
+        valid = np.arange(width)[None, :] < rows_per[:, None]  # [n, K + 1]
         ids = torch.from_numpy(tokmat[valid]).to(self.device)
         segs = [Segment(int(s), int(t) - 1, int(r)) for s, t, r in zip(dec, nt, rows_per, strict=True)]
         logits = self.target(ids, segs, self.pool.target)
         verify_ms = (self.clock() - t_v) * 1e3
         first_row = np.cumsum(rows_per) - rows_per
-        reqs = [self.slot_req[int(s)] for s in dec]
         if any(r.params.bad_words for r in reqs):
             self._mask_bad_words(logits, [(r, i) for i, r in enumerate(reqs) if r.params.bad_words], drafts, first_row,
                                  rows_per)
-        am = np.full((n, width), -1, dtype=I64)
+        am = np.full((n, width), -1, dtype=I64)  # [n, K + 1]: the target's greedy token at each row
         am[valid] = logits.argmax(dim=-1).cpu().numpy()
         accepted, bonus = verify_greedy(drafts, verified, am)
-        samp = np.flatnonzero(self.sampled[dec])
-        if samp.size:
-            for i in samp:
-                rows = torch.arange(int(first_row[i]), int(first_row[i] + rows_per[i]))
-                p = self._probs(logits[rows.to(self.device)], np.full(rows.shape[0], dec[i]))
-                v = int(verified[i])
-                qi = q_rows[i][:v] if q_rows[i] is not None else None
-                accepted[i], bonus[i] = verify_rejection(p, drafts[i, :v], qi, reqs[i].rng)
-        # Accept: drafts[:a] + bonus; roll back the rejected positions in the target and draft caches.
-        new = np.zeros((n, width), dtype=I64)
+        for i in np.flatnonzero(self.sampled[dec]):
+            rows = torch.arange(int(first_row[i]), int(first_row[i] + rows_per[i]))
+            p = self._probs(logits[rows.to(self.device)], np.full(rows.shape[0], dec[i]))
+            v = int(verified[i])
+            accepted[i], bonus[i] = verify_coupled(p, drafts[i, :v], reqs[i].noise, int(nt[i]))
+        return accepted, bonus, verify_ms
+
+    def _accept(self, dec: np.ndarray, reqs: list[_Request], drafts: np.ndarray, verified: np.ndarray,
+                accepted: np.ndarray, bonus: np.ndarray) -> tuple[list[RequestOutput], list[int]]:
+        """drafts[:a] + bonus per request: roll the rejected positions back in the target and draft
+        caches, then commit the tokens (stop rules, outputs). Returns the outputs and the finished ids."""
+        n, kmax = drafts.shape
+        nt = self.n_tok[dec]
+        new = np.zeros((n, kmax + 1), dtype=I64)
         new[:, :kmax] = drafts
         new[np.arange(n), accepted] = bonus
         for j in range(len(self.drafters)):
@@ -617,25 +665,7 @@ class ReferenceEngine:
                 finished.append(r.rid)
         live = self.decoding[dec]
         self.pool.target_len[dec[live]] = self.n_tok[dec[live]] - 1
-        total_ms = (self.clock() - t_start) * 1e3
-        outcome = StepOutcome(
-            slots=view.slots, request_ids=view.request_ids, drafter=np.where(k > 0, d, np.maximum(view.drafter, 0)),
-            ctx_lens=view.ctx_lens, drafted=count, verified=verified, accepted=accepted, confidence=conf,
-            category=view.category, draft_ms=draft_ms, verify_ms=verify_ms, total_ms=total_ms,
-            draft_passes=passes, draft_ctx_tokens=ctx_tokens, draft_batched_tokens=batched,
-            finished=np.array(finished, dtype=I64), now=self.clock() - self._t0, step=view.step,
-            prev_loop_ms=self._loop_prev[0], prev_loop_requests=self._loop_prev[1],
-        )
-        tp = self.clock()
-        self._policy_call(stats, "observe", policy.observe, outcome)
-        stats.policy_ms += (self.clock() - tp) * 1e3
-        stats.decode_batch = n
-        stats.k = k.tolist()
-        stats.drafted, stats.verified = int(count.sum()), int(verified.sum())
-        stats.accepted = int(accepted.sum())
-        stats.generated = int(sum(len(o.new_token_ids) for o in outputs))
-        stats.draft_ms, stats.verify_ms = draft_ms, verify_ms
-        return outputs
+        return outputs, finished
 
     # -- policy calls --------------------------------------------------------------------------------
     def _policy_call(self, stats: IterationStats, what: str, fn, *args):

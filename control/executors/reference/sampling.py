@@ -7,6 +7,13 @@
   norm(max(0, p - q)); after k acceptances sample the bonus token from p. The output is distributed
   exactly as sampling from the target's p, whatever the draft distribution q. A deterministic
   proposal (n-gram lookup) is the point mass q = onehot(d).
+- ``PositionNoise`` / ``verify_coupled``: what the engine samples with. A sampled request's
+  randomness is Gumbel noise drawn from (request key, token position): the token at a position is
+  argmax(log p + g), an exact draw from p that depends on nothing but the key, the position and p.
+  A sampled draft uses the same noise over its own q, and verification keeps the drafts equal to the
+  target's draw at each position plus the target's draw after them. The output is therefore the
+  very tokens plain sampling gives, whatever k, batch or load: a seeded request is reproducible
+  with speculation on, as greedy output is lossless.
 - ``banned_tokens`` / ``stop_hit``: bad words and stop words as token-id sequences.
 """
 
@@ -46,6 +53,42 @@ def sample_index(p: np.ndarray, rng: np.random.Generator) -> int:
         return int(np.argmax(p))
     i = int(np.searchsorted(c, rng.random() * total, side="right"))
     return min(i, p.shape[0] - 1)
+
+
+class PositionNoise:
+    """A sampled request's randomness: Gumbel noise per token position, from (key, position) alone."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[int, ...]) -> None:
+        self.key = tuple(int(x) for x in key)
+
+    def gumbel(self, position: int, vocab: int) -> np.ndarray:
+        """(vocab,) standard Gumbel noise for the token at ``position``."""
+        return np.random.default_rng([*self.key, int(position)]).gumbel(size=vocab)
+
+    def sample(self, p: np.ndarray, position: int) -> int:
+        """The token at ``position`` under distribution ``p`` (V,): argmax(log p + g), a draw from p."""
+        with np.errstate(divide="ignore"):
+            score = np.log(p) + self.gumbel(position, p.shape[0])
+        if not np.isfinite(score).any():
+            return int(np.argmax(p))
+        return int(np.argmax(score))
+
+
+def verify_coupled(p: np.ndarray, drafts: np.ndarray, noise: PositionNoise, position: int) -> tuple[int, int]:
+    """Verification against the target's own draws for one sampled request.
+
+    p: (v + 1, V) target probabilities after the prefix and after each of the v draft tokens;
+    drafts: (v,); ``position``: the index of the first new token. Returns (accepted, next token):
+    the drafts that equal the target's draw at their position, and the target's draw after them.
+    """
+    v = drafts.shape[0]
+    for j in range(v + 1):
+        t = noise.sample(p[j], position + j)
+        if j == v or t != int(drafts[j]):
+            return j, t
+    raise AssertionError("unreachable: the loop returns at j == v")
 
 
 def verify_greedy(drafts: np.ndarray, verified: np.ndarray, target_argmax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

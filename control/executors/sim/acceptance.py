@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from control.goodput.acceptance import MAX_RATE
+
 U64 = np.uint64
 _M1 = U64(0xBF58476D1CE4E5B9)
 _M2 = U64(0x94D049BB133111EB)
@@ -71,7 +73,7 @@ class AcceptanceProcess:
             raise ValueError(f"rates must be (requests, drafters), got shape {rates.shape}")
         if rates.shape[0] > MAX_REQUESTS:
             raise ValueError(f"at most {MAX_REQUESTS} requests per run")
-        self.rates = np.clip(rates, 0.0, 0.999)
+        self.rates = np.clip(rates, 0.0, MAX_RATE)
         self.m = rates.shape[1]
         self.K = max(int(max_k), 1)
         decay = np.asarray(decay, dtype=np.float64).reshape(self.m)

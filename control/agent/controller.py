@@ -8,7 +8,7 @@ publishes:
 - On construction it compiles a default plan from the profile it is given (policy, K, SLO and
   drafter set from configuration), so it serves from the first step whether or not a service ever
   answers.
-- ``start()`` launches a background thread (``control.service.client.ServiceLink``) that subscribes
+- ``start()`` launches a background thread (``control.agent.link.ServiceLink``) that subscribes
   to the service's plan stream (reconnecting with exponential backoff and jitter, resuming from the
   latest version) and posts telemetry about once a second.
 - A new plan is validated and its policy built on the background thread; the engine thread applies
@@ -48,12 +48,13 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from control.agent.window import TelemetryWindow
+from control.agent.wire import SOURCE_PATTERN
 from control.errors import ConfigError
 from control.plan import SLO, Plan, compile_plan
-from control.policy.spec import MAX_K_LIMIT, parse_policy_spec
-from control.policy.types import Decision, Policy, StepOutcome, StepView, stopped_short
+from control.policy.types import Decision, Policy, StepOutcome, StepView
+from control.policyspec import MAX_BATCH_LIMIT, MAX_K_LIMIT, check_policy_bounds, parse_policy_spec
 from control.profile import Profile
-from control.service.telemetry import K_BUCKETS, MAX_MS, SOURCE_PATTERN, TELEMETRY_SCHEMA
 
 log = logging.getLogger("specctl.agent")
 
@@ -62,199 +63,6 @@ DEFAULT_PLAN_ID = "default"
 # turning it into a document on the network thread to a few tens of milliseconds.
 MAX_WINDOW_REQUEST_STEPS = 1 << 18
 MAX_PARKED_POLICIES = 4  # policies set aside by switches, learned state kept (oldest dropped first)
-
-
-def _segment_sums(x: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Sums of consecutive segments of ``x`` with lengths ``lens`` (empty segments sum to 0)."""
-    cs = np.concatenate([[0], np.cumsum(x)])
-    ends = np.cumsum(lens)
-    return cs[ends] - cs[ends - lens]
-
-
-class TelemetryWindow:
-    """Telemetry of one window of steps.
-
-    The engine thread only copies each step's arrays into preallocated buffers (a handful of slice
-    assignments, no per-step reductions); after ``Agent`` closes the window, the network thread turns
-    the buffers into the ``specctl.telemetry/v1`` document (``to_payload``): per drafter and draft
-    position the chain's trials and acceptances, the k histogram, per-step sums for a random sample
-    of steps, all vectorised over the whole window.
-    """
-
-    # Per request-step rows and per-step columns of the buffers.
-    R_K, R_DRAFTER, R_DRAFTED, R_VERIFIED, R_ACCEPTED, R_CTX = range(6)
-    S_N, S_VERIFY, S_DRAFT, S_TOTAL, S_PRED, S_PASSES, S_DCTX, S_DBATCH, S_FINISHED = range(9)
-
-    def __init__(self, drafters: tuple[str, ...], max_samples: int, started: float, rng: random.Random,
-                 capacity: int = 4096, step_capacity: int = 1024) -> None:
-        self.drafters = drafters
-        self.m = max(len(drafters), 1)
-        self.max_samples = max_samples
-        self.started = started
-        self.closed_at = started
-        self.rng = rng
-        self.req = np.zeros((6, max(capacity, 1)), dtype=np.int64)
-        self.step_rows = np.zeros((max(step_capacity, 1), 9))
-        self.pos = 0  # request-steps filled
-        self.steps = 0
-        self._decided = -1  # n of the decision waiting for its outcome
-        # Acceptance reported per request (observe_positions): per drafter the position trials and
-        # acceptances, and (request-steps, drafted, verified, accepted); requests finished.
-        self.extra_pos = np.zeros((2, self.m, K_BUCKETS - 1), dtype=np.int64)
-        self.extra_tok = np.zeros((4, self.m), dtype=np.int64)
-        self.extra_finished = 0
-
-    @property
-    def has_data(self) -> bool:
-        return self.steps > 0 or self.extra_finished > 0
-
-    def on_positions(self, drafter: int, steps: int, drafted: int, accepted: int, trials, acc) -> None:
-        d = min(max(int(drafter), 0), self.m - 1)
-        n = min(len(trials), K_BUCKETS - 1)
-        self.extra_pos[0, d, :n] += np.asarray(trials[:n], dtype=np.int64)
-        self.extra_pos[1, d, :n] += np.asarray(acc[:n], dtype=np.int64)
-        self.extra_tok[:, d] += (steps, drafted, drafted, accepted)
-        self.extra_finished += 1
-
-    def _grow(self, n: int) -> None:
-        need = self.pos + n
-        if need > self.req.shape[1]:
-            grown = np.zeros((6, max(need, 2 * self.req.shape[1])), dtype=np.int64)
-            grown[:, : self.pos] = self.req[:, : self.pos]
-            self.req = grown
-
-    # -- engine thread -----------------------------------------------------------------------------
-    def on_decide(self, k: np.ndarray) -> None:
-        n = k.shape[0]
-        self._grow(n)
-        self.req[self.R_K, self.pos: self.pos + n] = k
-        self._decided = n
-
-    def on_outcome(self, o: StepOutcome, predicted_ms: float) -> None:
-        n = o.n
-        p = self.pos
-        r = self.req
-        if self._decided != n:  # no matching decision (an executor that skipped decide): k = drafted
-            self._grow(n)
-            r = self.req
-            r[self.R_K, p: p + n] = o.drafted
-        self._decided = -1
-        e = p + n
-        r[self.R_DRAFTER, p:e] = o.drafter
-        r[self.R_DRAFTED, p:e] = o.drafted
-        r[self.R_VERIFIED, p:e] = o.verified
-        r[self.R_ACCEPTED, p:e] = o.accepted
-        r[self.R_CTX, p:e] = o.ctx_lens
-        self.pos = e
-        s = self.steps
-        if s == self.step_rows.shape[0]:
-            self.step_rows = np.concatenate([self.step_rows, np.zeros_like(self.step_rows)])
-        self.step_rows[s] = (n, o.verify_ms, o.draft_ms, o.total_ms, predicted_ms, o.draft_passes, o.draft_ctx_tokens,
-                             o.draft_batched_tokens, o.finished.shape[0])
-        self.steps = s + 1
-
-    # -- network thread ----------------------------------------------------------------------------
-    def to_payload(self, *, source: str, seq: int, plan_version: int, plan_id: str, dropped_windows: int,
-                   dropped_steps: int, known: set[str] | None = None,
-                   short_rejects: set[str] | None = None) -> dict[str, Any]:
-        """The ``specctl.telemetry/v1`` document for this window.
-
-        ``short_rejects``: drafters that stop short of the k asked only when they have nothing more
-        to propose (no confidence cut: an n-gram lookup without a longer match). A draft that stops
-        short with everything drafted accepted (``stopped_short``) counts a rejection at the next
-        position, as the adaptive policy counts it (``AdaptivePolicy._tried``); counting only what
-        was drafted gives such a drafter the rates of its long matches.
-
-        ``known``: drafter names the service knows (the plan's profile); others are left out of the
-        per-drafter statistics, so one unknown drafter does not get the whole window refused.
-        """
-        m, top = self.m, K_BUCKETS - 1
-        R = self.req[:, : self.pos]
-        S = self.step_rows[: self.steps]
-        k, drafter, drafted, verified, accepted, ctx = R
-        d = np.clip(drafter, 0, m - 1)
-        drafted = np.maximum(drafted, 0)
-        verified = np.clip(np.minimum(verified, drafted), 0, top)
-        accepted = np.clip(np.minimum(accepted, verified), 0, top)
-        spec = drafted > 0
-        n_step = S[:, self.S_N].astype(np.int64)
-        spec_per_step = _segment_sums(spec, n_step)
-        times = S[:, [self.S_VERIFY, self.S_DRAFT, self.S_TOTAL]]
-        ok_time = np.all(np.isfinite(times) & (times >= 0) & (times <= MAX_MS), axis=1)  # corrupt timings stay out
-        total = np.where(ok_time, S[:, self.S_TOTAL], 0.0)
-        pred = S[:, self.S_PRED]
-        has_pred = np.isfinite(pred) & (pred >= 0) & (pred <= MAX_MS)
-
-        # Chain trials per (drafter, position): requests whose chain evaluated more than j positions.
-        size = m * K_BUCKETS
-        base = d * K_BUCKETS
-        tried_len = np.where(spec, np.minimum(accepted + 1, verified), 0)
-        if short_rejects:
-            rejects = np.array([name in short_rejects for name in self.drafters] or [False])
-            short = rejects[d] & stopped_short(np.clip(k, 0, top), drafted, verified, accepted)
-            tried_len = np.where(short, np.minimum(verified + 1, top), tried_len)
-        tried = np.bincount(base + tried_len, minlength=size).reshape(m, K_BUCKETS)
-        acc = np.bincount(base + np.where(spec, accepted, 0), minlength=size).reshape(m, K_BUCKETS)
-        trials = tried[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[0]
-        acc_pos = acc[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:] + self.extra_pos[1]
-        tok = np.stack([np.bincount(d, weights=w, minlength=m) for w in (spec, drafted * spec, verified * spec,
-                                                                        accepted * spec)]).astype(np.int64)
-        tok += self.extra_tok
-        drafters, remap = [], {}
-        for i, name in enumerate(self.drafters):
-            if (tok[1, i] == 0 and not trials[i].any()) or (known is not None and name not in known):
-                continue
-            last = int(np.flatnonzero(trials[i])[-1]) + 1 if trials[i].any() else 0
-            remap[i] = len(drafters)
-            drafters.append({
-                "name": name, "requests": int(tok[0, i]), "drafted": int(tok[1, i]), "verified": int(tok[2, i]),
-                "accepted": int(tok[3, i]), "position_trials": trials[i, :last].tolist(),
-                "position_accepted": acc_pos[i, :last].tolist(),
-            })
-        doc: dict[str, Any] = {
-            "schema": TELEMETRY_SCHEMA, "source": source, "seq": seq, "plan_version": plan_version, "plan_id": plan_id,
-            "window_s": max(self.closed_at - self.started, 1e-6), "steps": self.steps,
-            "spec_steps": int((spec_per_step > 0).sum()), "request_steps": self.pos, "ctx_tokens": int(ctx.sum()),
-            "max_batch": int(n_step.max(initial=0)),
-            "finished": int(S[:, self.S_FINISHED].sum()) + self.extra_finished,
-            "k_hist": np.bincount(np.clip(k, 0, top), minlength=K_BUCKETS).tolist(),
-            "measured_ms_sum": float(total.sum()), "predicted_steps": int(has_pred.sum()),
-            "predicted_ms_sum": float(pred[has_pred].sum()), "predicted_measured_ms_sum": float(total[has_pred].sum()),
-            "drafters": drafters, "dropped_windows": dropped_windows, "dropped_steps": dropped_steps,
-        }
-        # A uniform random sample of the steps with sound timings, with the cost model's features.
-        idx = np.flatnonzero(ok_time)
-        if idx.size > self.max_samples:
-            idx = np.sort(np.asarray(self.rng.sample(range(idx.size), self.max_samples)))
-            idx = np.flatnonzero(ok_time)[idx]
-        if idx.size:
-            lens = n_step[idx]
-            first = np.cumsum(n_step)[idx] - lens
-            rows = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))  # their request-steps
-
-            def per_step(x: np.ndarray) -> np.ndarray:
-                return _segment_sums(x[rows], lens)
-
-            spec_d = {j: per_step(spec & (d == j)) for j in remap}
-            n_spec = spec_per_step[idx]
-            used = np.full(idx.size, -1, dtype=np.int64)
-            for j, out in remap.items():
-                used[(n_spec > 0) & (spec_d[j] == n_spec)] = out
-            s = S[idx]
-            doc["samples"] = {
-                "batch": lens.tolist(), "ctx_tokens": per_step(ctx).tolist(),
-                "verify_tokens": (per_step(verified * spec) + lens).tolist(),
-                "verify_ms": s[:, self.S_VERIFY].tolist(), "draft_ms": s[:, self.S_DRAFT].tolist(),
-                "total_ms": s[:, self.S_TOTAL].tolist(),
-                "predicted_ms": [v if has else None for v, has in zip(s[:, self.S_PRED].tolist(), has_pred[idx].tolist(),
-                                                                     strict=True)],
-                "draft_passes": s[:, self.S_PASSES].astype(np.int64).tolist(),
-                "draft_ctx_tokens": s[:, self.S_DCTX].astype(np.int64).tolist(),
-                "draft_batched_tokens": s[:, self.S_DBATCH].astype(np.int64).tolist(),
-                "drafter": used.tolist(), "drafted": per_step(drafted).tolist(),
-                "accepted": per_step(accepted * spec).tolist(),
-            }
-        return doc
 
 
 @dataclass(slots=True)
@@ -313,6 +121,8 @@ class Agent:
         profile: the deployment's profile; the default plan is compiled from it.
         url: the control-plane service (``http://127.0.0.1:8700``); None = run on the default plan only.
         policy, max_k, slo: the default plan's policy, maximum draft length and TPOT SLO.
+        max_batch: the executor's largest batch (None: unbounded up to the spec limit); a plan whose
+            policy names a k above ``max_k`` or a batch size above ``max_batch`` is refused whole.
         drafters: the executor's drafter names (index = the executor's drafter id). The default plan
             uses the profile's drafters that the executor has; a service plan that shares none of
             them is rejected.
@@ -330,7 +140,7 @@ class Agent:
                  token: str | None = None, source: str | None = None, telemetry_interval_s: float = 1.0,
                  queue_windows: int = 8, max_samples: int = 256, backoff_initial_s: float = 0.25,
                  backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_batch: int | None = None) -> None:
         from control.policy.registry import build_policy
 
         if not 0 <= max_k <= MAX_K_LIMIT:
@@ -357,6 +167,8 @@ class Agent:
         self.interval = float(telemetry_interval_s)
         self.max_samples = int(max_samples)
         self.seed = seed
+        self.max_k = max_k
+        self.max_batch = max_batch
         self.link_options = {"backoff_initial_s": backoff_initial_s, "backoff_max_s": backoff_max_s,
                              "timeout_s": timeout_s, "keepalive_timeout_s": keepalive_timeout_s}
 
@@ -517,22 +329,36 @@ class Agent:
         latest = pending.plan_id if pending is not None and pending.seq != self._applied_seq else self._plan_id
         if plan_id == latest:
             return True
+        try:
+            check_policy_bounds(plan.policy, max_k=self.max_k, max_batch=self.max_batch or MAX_BATCH_LIMIT,
+                                where=f"plan {plan_id}")
+        except ConfigError as e:
+            return self.reject_plan(f"plan {plan_id} rejected: {e}")
         if not set(plan.drafters) & set(self.drafters):
-            self.plans_rejected += 1
-            self.last_error = (f"plan {plan_id} rejected: its drafters ({', '.join(plan.drafters)}) are not among "
-                               f"this executor's ({', '.join(self.drafters)})")
-            log.warning(self.last_error)
-            return False
+            return self.reject_plan(f"plan {plan_id} rejected: its drafters ({', '.join(plan.drafters)}) are not "
+                                    f"among this executor's ({', '.join(self.drafters)})")
         try:
             policy = build_policy(plan.policy, plan, seed=self.seed)
         except Exception as e:
-            self.plans_rejected += 1
-            self.last_error = f"plan {plan_id} rejected: {e}"
-            log.warning(self.last_error)
-            return False
+            return self.reject_plan(f"plan {plan_id} rejected: {e}")
         self._pending_seq += 1
         self._pending = _Pending(self._pending_seq, plan, plan_id, policy, time.monotonic())
         return True
+
+    def reject_plan(self, reason: str) -> bool:
+        """Count a plan that cannot be run (network thread) and keep serving on the current one; False."""
+        self.plans_rejected += 1
+        self.last_error = reason
+        log.warning(reason)
+        return False
+
+    def window_payload(self, w: TelemetryWindow, seq: int) -> dict[str, Any]:
+        """The telemetry document for a closed window (network thread), under the current plan."""
+        plan = self.plan
+        return w.to_payload(source=self.source, seq=seq, plan_version=plan.version, plan_id=self.plan_id,
+                            dropped_windows=self.dropped_windows, dropped_steps=self.dropped_steps,
+                            known=set(plan.profile.drafter_names),
+                            short_rejects={d.name for d in plan.profile.drafters if not d.confidences})
 
     # -- telemetry (engine thread) -----------------------------------------------------------------
     def _open_window(self, drafters: tuple[str, ...]) -> TelemetryWindow:
@@ -571,7 +397,7 @@ class Agent:
         """Start the background subscription and telemetry thread (no-op without a URL or if running)."""
         if self.url is None or self._link is not None:
             return self
-        from control.service.client import ServiceLink
+        from control.agent.link import ServiceLink
 
         self._link = ServiceLink(self, self.url, token=self.token, **self.link_options)
         self._link.start()

@@ -19,17 +19,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from control.errors import ConfigError
-
-if TYPE_CHECKING:
-    from control.agent import Agent, TelemetryWindow
+from control.plan import Plan, parse_plan
 
 log = logging.getLogger("specctl.agent")
 
@@ -54,6 +54,22 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows; plans carry finite numbers only")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text[:40]} is out of range; plans carry finite numbers only")
+    return v
+
+
+def strict_json(text: str):
+    """``json.loads`` that refuses NaN, Infinity and out-of-range numbers (``1e400``) with ValueError."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 @dataclass(slots=True)
@@ -85,10 +101,26 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
             eid = value
 
 
+class AgentSide(Protocol):
+    """What the link needs of its agent (``control.agent.controller.Agent``); it writes none of its fields."""
+
+    seed: int
+    queue: deque  # closed telemetry windows, oldest first; the link pops what it sent
+
+    @property
+    def plan_id(self) -> str: ...
+
+    def offer_plan(self, plan: Plan, plan_id: str) -> bool: ...
+
+    def reject_plan(self, reason: str) -> bool: ...
+
+    def window_payload(self, w: Any, seq: int) -> dict[str, Any]: ...
+
+
 class ServiceLink:
     """Background subscription and telemetry for one ``Agent`` (see the module docstring)."""
 
-    def __init__(self, agent: Agent, url: str, *, token: str | None, backoff_initial_s: float = 0.25,
+    def __init__(self, agent: AgentSide, url: str, *, token: str | None, backoff_initial_s: float = 0.25,
                  backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0) -> None:
         self.agent = agent
         self.url = url
@@ -105,6 +137,7 @@ class ServiceLink:
         self.last_error = ""
         self.last_plan_id: str | None = None
         self._seq = 0
+        self._encoded: tuple[Any, bytes] | None = None  # the queue head's document, kept for retries
         self._stop_timeout = 2.0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -208,33 +241,24 @@ class ServiceLink:
                 return
 
     def _on_plan(self, ev: SSEEvent) -> None:
-        from control.plan import parse_plan
-
         plan_id = ev.id or "?"
         try:
-            plan = parse_plan(json.loads(ev.data), where=f"plan {plan_id} from {self.url}")
+            plan = parse_plan(strict_json(ev.data), where=f"plan {plan_id} from {self.url}")
         except (ConfigError, ValueError) as e:
-            self.agent.plans_rejected += 1
             self.last_error = str(e)
-            log.warning("specctl agent: %s", e)
+            self.agent.reject_plan(str(e))
             return
         if self.agent.offer_plan(plan, plan_id):
             self.last_plan_id = plan_id
 
     # -- telemetry -------------------------------------------------------------------------------------
-    def _payload(self, w: TelemetryWindow) -> bytes:
-        body = getattr(w, "body", None)
-        if body is None:
+    def _payload(self, w: Any) -> bytes:
+        """The window's JSON document, encoded once: a retry sends the same bytes and sequence number."""
+        if self._encoded is None or self._encoded[0] is not w:
             self._seq += 1
-            a = self.agent
-            plan = a.plan
-            doc = w.to_payload(source=a.source, seq=self._seq, plan_version=plan.version, plan_id=a.plan_id,
-                               dropped_windows=a.dropped_windows, dropped_steps=a.dropped_steps,
-                               known=set(plan.profile.drafter_names),
-                               short_rejects={d.name for d in plan.profile.drafters if not d.confidences})
-            body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-            w.body = body
-        return body
+            doc = self.agent.window_payload(w, self._seq)
+            self._encoded = (w, json.dumps(doc, separators=(",", ":"), allow_nan=False).encode())
+        return self._encoded[1]
 
     async def _telemetry_loop(self, client) -> None:
         backoff = Backoff(min(0.25, self.backoff[1]), max(self.backoff[1], 0.25), rng=self._rng)

@@ -10,8 +10,8 @@ evaluated (every earlier draft token accepted), ``position_accepted[j]`` = how m
 accepted. ``k_hist[i]`` counts per-request decisions with draft length i (the last bucket holds
 i >= len - 1).
 
-The service validates every field (ranges, lengths, consistency) and rejects a document with 422
-naming the first bad field, or with 413 when the body is larger than its limit.
+The service validates every field (strict types, finite numbers, ranges, lengths, consistency) and
+rejects a document with 422 naming the first bad field, or with 413 when the body is larger than its limit.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from control.policy.spec import MAX_K_LIMIT
+from control.policyspec import MAX_K_LIMIT
 
 TELEMETRY_SCHEMA = "specctl.telemetry/v1"
 MAX_SAMPLES = 4096  # step samples per document
@@ -38,7 +38,7 @@ SAMPLE_FIELDS = (
 )
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]  # also bounds the elements of list[Count]
-_cfg = ConfigDict(extra="forbid", allow_inf_nan=False)
+_cfg = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _count(**kw):
@@ -131,7 +131,7 @@ class StepSamples(BaseModel):
 class TelemetryBatch(BaseModel):
     """One agent's telemetry for one window of steps."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True, strict=True)
 
     schema_: Literal["specctl.telemetry/v1"] = Field(alias="schema")
     source: str = Field(pattern=SOURCE_PATTERN, description="the agent's id (e.g. model name and instance)")

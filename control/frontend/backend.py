@@ -1,0 +1,98 @@
+"""One generation over Triton's gRPC streaming API (``tritonclient.grpc.aio``), response by response.
+
+The request uses the ``llm`` model's contract (``text_input`` or ``input_ids``, ``max_tokens``,
+``stream``, ``temperature``, ``top_p``, ``random_seed``, ``stop_words``); each response is yielded as
+a ``Piece`` with its text and token ids and the request's running drafted / accepted totals.
+Closing the iterator early (the HTTP client went away) cancels the request on the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from control.clients.triton import GenParams, grpc_inputs
+from control.frontend.protocol import OpenAIError
+
+UNAVAILABLE_MARKERS = ("StatusCode.UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    text: str
+    token_ids: tuple[int, ...]
+    drafted: int
+    accepted: int
+    final: bool
+
+
+def _first(r, name: str):
+    try:
+        v = r.as_numpy(name)
+    except Exception:
+        return None
+    return None if v is None else v.reshape(-1)
+
+
+def _piece(r) -> Piece:
+    params = r.get_response().parameters
+    final = bool(params["triton_final_response"].bool_param) if "triton_final_response" in params else True
+    ids = _first(r, "output_ids")
+    text = _first(r, "text_output")
+    words = [] if text is None else [x if isinstance(x, bytes) else str(x).encode() for x in text]
+    drafted, accepted = _first(r, "drafted_tokens"), _first(r, "accepted_tokens")
+    return Piece(b"".join(words).decode("utf-8", "replace"), tuple(int(x) for x in ids) if ids is not None else (),
+                 int(drafted[0]) if drafted is not None else 0, int(accepted[0]) if accepted is not None else 0, final)
+
+
+def _error(message: str) -> OpenAIError:
+    m = " ".join(str(message).split())
+    if any(s in m for s in UNAVAILABLE_MARKERS):
+        return OpenAIError(503, f"the model server is not reachable ({m[:200]})")
+    return OpenAIError(400, m[:500])
+
+
+class TritonBackend:
+    """Generations on one gRPC channel to Triton; ``close()`` when done."""
+
+    def __init__(self, grpc_address: str, model: str = "llm") -> None:
+        import tritonclient.grpc.aio as aio
+
+        self.address = grpc_address
+        self.model = model
+        self.client = aio.InferenceServerClient(grpc_address)
+
+    async def generate(self, prompt: str | list[int], params: GenParams) -> AsyncIterator[Piece]:
+        inputs = grpc_inputs(prompt, params, stream=True)
+
+        async def one():
+            yield {"model_name": self.model, "inputs": inputs}
+
+        it = self.client.stream_infer(one())
+        done = False
+        try:
+            async for r, err in it:
+                if err is not None:
+                    raise _error(err.message() if hasattr(err, "message") else err)
+                piece = _piece(r)
+                done = piece.final
+                yield piece
+                if done:
+                    return
+        except OpenAIError:
+            raise
+        except Exception as e:  # the channel failed
+            raise _error(f"{type(e).__name__}: {e}") from None
+        finally:
+            if not done:
+                it.cancel()
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.client.is_model_ready(self.model))
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        await self.client.close()
+

@@ -1,0 +1,80 @@
+"""The controller's fast paths decide exactly as the code did before them.
+
+``data/adaptive_decisions.npz`` holds adaptive's decisions on ``decision_trace``'s step sequence,
+recorded before the fast paths existed. Draft lengths, drafters and the gate's choices must match
+exactly; predicted times, tokens and confidence cuts to rounding (the fast paths sum in another
+order).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.core.decision_trace import CASES, flatten, replay
+
+RECORDED = Path(__file__).parent / "data" / "adaptive_decisions.npz"
+EXACT = ("k", "drafter", "prefill_draft", "prefill_drafter")
+CLOSE = ("conf_cut", "step_ms", "tokens")
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return np.load(RECORDED)
+
+
+@pytest.mark.parametrize(("policy", "profile"), CASES)
+def test_same_decisions_as_recorded(recorded, policy, profile):
+    now = flatten(replay(policy, profile))
+    for f in EXACT:
+        want = recorded[f"{policy}/{profile}/{f}"]
+        assert now[f].shape == want.shape, f
+        bad = np.flatnonzero(now[f] != want)
+        assert bad.size == 0, f"{f} differs at {bad[:5]}: {now[f][bad[:5]]} vs recorded {want[bad[:5]]}"
+    for f in CLOSE:
+        np.testing.assert_allclose(now[f], recorded[f"{policy}/{profile}/{f}"], rtol=1e-9, atol=1e-12,
+                                   equal_nan=True, err_msg=f)
+
+
+def test_per_slot_state_grows_with_the_slots_and_survives_a_new_drafter_set():
+    from control.plan import compile_plan
+    from control.policy import StepOutcome, StepView, build_policy
+    from control.policy.base import PolicyContext
+    from tests.conftest import make_profile
+
+    prof = make_profile()
+    pol = build_policy("adaptive", compile_plan(prof, max_k=6), seed=1)
+    n = 150  # slots past the initial 64
+
+    def step(i):
+        v = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 500 + i),
+                           remaining=np.full(n, 100), drafters=("draft", "ngram"), max_k=6, free_kv_slots=10**6,
+                           token_budget=10**6, step=i)
+        d = pol.decide(v)
+        assert d.k.shape == (n,) and (d.k >= 0).all() and (d.k <= 6).all()
+        pol.observe(StepOutcome(slots=v.slots, request_ids=v.request_ids, drafter=d.drafter, ctx_lens=v.ctx_lens,
+                                drafted=d.k, verified=d.k, accepted=d.k // 2, verify_ms=10.0, step=i))
+        return d
+
+    step(0)
+    assert pol._asked.size >= n and pol._pace.size >= n and pol._slot_rid.size >= n
+    pol.update_context(PolicyContext.from_plan(compile_plan(prof, max_k=6, drafters=["draft"])))  # new drafter set
+    d = step(1)
+    assert np.isfinite(d.predicted_step_ms)
+
+
+def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
+    """Each stage the benchmark names is a method or function adaptive still calls (a renamed stage
+    would silently time nothing)."""
+    import json
+
+    from benchmarks.decision_cost import STAGES, main
+
+    out = tmp_path / "dc.json"
+    assert main(["--batches", "4", "--policies", "adaptive", "--steps", "40", "--stages", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["share_pct"] > 0 and row["modelled_step_ms"] > 0
+    (stages,) = doc["stages"]
+    for name, _ in STAGES:
+        assert stages[name] > 0, name

@@ -1,0 +1,63 @@
+"""Many OpenAI streams at once through the front end, and clients that go away mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from control.clients.triton import model_stats
+from tests.e2e.prompts import many
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+N = 20
+
+
+def test_concurrent_streams_equal_solo_greedy(frontend, reference, policy):
+    import openai
+
+    policy("fixed:3")
+    prompts = many(16)
+
+    async def one(client, prompt):
+        s = await client.completions.create(model="llm", prompt=prompt, max_tokens=N, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+        text, usage = "", None
+        async for c in s:
+            text += "".join(ch.text for ch in c.choices)
+            usage = c.usage or usage
+        return text, usage.completion_tokens
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        try:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+        finally:
+            await client.close()
+
+    got = asyncio.run(run())
+    want = reference(prompts, N)
+    assert [t for t, _ in got] == [reference.loaded.decode(ids) for ids in want]
+    assert [n for _, n in got] == [len(ids) for ids in want]
+
+
+def test_client_leaving_mid_stream_frees_the_request(frontend, deployment):
+    body = {"model": "llm", "prompt": "def main():\n", "max_tokens": 900, "temperature": 0, "stream": True}
+    before = model_stats(deployment.http_url)
+    for _ in range(3):
+        with httpx.stream("POST", f"{frontend.url}/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+        # the connection is closed here, long before 900 tokens
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        s = model_stats(deployment.http_url)
+        if s["active_requests"] == 0 and s["kv_slots_in_use"] == 0:
+            break
+        time.sleep(0.1)
+    assert (s["active_requests"], s["kv_slots_in_use"]) == (0, 0), s
+    # cancelled on the server, not run to the end: 900 tokens would take seconds longer
+    assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (3, 0), s

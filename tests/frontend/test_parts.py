@@ -1,0 +1,121 @@
+"""The front end's parts without a server: limits, stop trimming, speculative metrics, chat templates,
+request validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from control.frontend.chat import ChatTemplate, plain_template
+from control.frontend.limits import BodyLimits, check_body, json_depth
+from control.frontend.protocol import ChatRequest, CompletionRequest, validation_message
+from control.frontend.specmetrics import SpecTracker
+from control.frontend.text import StopTrimmer, TokenCounter
+
+
+@pytest.mark.parametrize(("raw", "depth"), [
+    (b"", 0), (b"1", 0), (b"[]", 1), (b'{"a": [1, {"b": 2}]}', 3),
+    (b'{"a": "[[[[{{{{"}', 1), (b'{"a": "\\"[[[["}', 1), (b"[" * 5000 + b"]" * 5000, 5000),
+])
+def test_json_depth_skips_strings(raw, depth):
+    assert json_depth(raw) == depth
+
+
+def test_check_body_refuses_form_multipart_and_depth():
+    lim = BodyLimits(max_body_bytes=100, max_json_depth=3)
+    assert check_body("application/x-www-form-urlencoded", b"a=1", lim)[0] == 415
+    assert check_body("multipart/form-data", b"", lim)[0] == 415
+    status, body = check_body("application/json", b"[[[[1]]]]", lim)
+    assert status == 400 and "nested 4 deep; at most 3" in json.loads(body)["error"]["message"]
+    assert check_body("application/json", b"[[[1]]]", lim) is None
+    assert check_body("", b'{"x": 1}', lim) is None  # no content type: still checked, and fine
+    # binary tensors: only the JSON header (its length in Inference-Header-Content-Length) is checked
+    assert check_body("application/octet-stream", b"[[[[" + b"\x00[[[[[", lim, json_prefix_len=2) is None
+    assert check_body("application/octet-stream", b"[[[[[[[[", lim, json_prefix_len=8)[0] == 400
+
+
+@pytest.mark.parametrize("pieces", [["abc STOP def"], ["abc S", "TO", "P def"], ["abc ST", "OP"], ["a", "b", "c", " ", "STOP"]])
+def test_stop_trimmer_never_releases_the_stop_sequence(pieces):
+    t = StopTrimmer(["STOP", "XYZ"])
+    out = "".join(t.feed(p) for p in pieces) + t.finish()
+    assert out == "abc " and t.stopped
+
+
+def test_stop_trimmer_releases_everything_without_a_stop():
+    t = StopTrimmer(["STOP"])
+    out = [t.feed(p) for p in ("hello ", "ST", "world")]
+    assert out[1] == "" or "ST" not in out[1]  # a possible start of STOP is held back
+    assert "".join(out) + t.finish() == "hello STworld" and not t.stopped
+    assert StopTrimmer([]).feed("x") == "x"
+
+
+def test_spec_tracker_builds_vllm_payload_from_running_totals():
+    t = SpecTracker(num_spec_tokens=4)
+    for drafted, accepted in [(0, 0), (3, 3), (6, 4), (6, 4), (9, 4), (13, 8)]:  # prefill, 4 spec steps, 1 plain
+        t.update(drafted, accepted)
+    m = t.payload()
+    assert m["per_step_drafted"] == [3, 3, 3, 4] and m["per_step_accepted"] == [3, 1, 0, 4]
+    assert m["acceptance_histogram"] == [1, 1, 0, 1, 1] and m["num_spec_steps"] == 4
+    assert (m["num_draft_tokens"], m["num_accepted_draft_tokens"]) == (13, 8)
+    assert m["mean_acceptance_length"] == pytest.approx(3.0) and m["draft_acceptance_rate"] == pytest.approx(8 / 13)
+    empty = SpecTracker(num_spec_tokens=2).payload()
+    assert empty["acceptance_histogram"] == [0, 0, 0] and empty["mean_acceptance_length"] == 1.0
+    assert empty["draft_acceptance_rate"] == 0.0
+
+
+def test_chat_templates(tmp_path):
+    msgs = [("system", "S"), ("user", "U")]
+    assert plain_template(msgs) == "system: S\nuser: U\nassistant:"
+    assert ChatTemplate.from_tokenizer_dir(tmp_path).render(msgs) == plain_template(msgs)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>",
+        "chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant]{% endif %}"}))
+    tpl = ChatTemplate.from_tokenizer_dir(tmp_path)
+    assert tpl.kind == "tokenizer" and tpl.render(msgs) == "<s>[system]S[user]U[assistant]"
+
+
+def test_chat_template_is_sandboxed(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{{ messages.__class__.__mro__[1].__subclasses__() }}"}))
+    with pytest.raises(Exception, match="unsafe|attribute"):
+        ChatTemplate.from_tokenizer_dir(tmp_path).render([("user", "x")])
+
+
+def test_token_counter_matches_the_model(quick_engines):
+    from control.executors.reference.loader import load_engine_dir
+
+    loaded = load_engine_dir(quick_engines)
+    c = TokenCounter(quick_engines / "target")
+    for text in ("def parse(", "naïve café\n"):
+        assert c.count(text) == len(loaded.encode(text))
+    assert c.count([5, 6, 7]) == 3
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"model": "llm", "prompt": "x", "n": 3}, "n = 3"),
+    ({"model": "llm", "prompt": "x", "temperature": "hot"}, "temperature = 'hot'"),
+    ({"model": "llm", "prompt": "x", "max_tokens": True}, "max_tokens = True"),
+    ({"model": "llm", "prompt": ["a", "b"]}, "one prompt per request"),
+    ({"model": "llm", "prompt": " "}, "prompt is empty"),
+    ({"model": "llm", "prompt": "x", "echo": True}, "echo"),
+    ({"model": "llm", "prompt": "x", "stream_options": {"include_usage": True}}, "only allowed when stream"),
+    ({"model": "llm", "prompt": "x", "top_p": 0}, "top_p = 0"),
+    ({"model": "llm", "prompt": "x", "seed": -1}, "seed = -1"),
+    ({"prompt": "x"}, "model is required"),
+    ({"model": "llm", "prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty = 0.5"),
+])
+def test_completion_validation_names_the_field(body, words):
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate_json(json.dumps(body))
+    assert words in validation_message(e.value)[0]
+
+
+def test_chat_request_accepts_text_parts_and_max_completion_tokens():
+    r = ChatRequest.model_validate({"model": "llm", "max_completion_tokens": 9, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    assert r.max_tokens == 9 and r.messages[0].text == "ab"
+    assert CompletionRequest.model_validate({"model": "llm", "prompt": ["only"]}).prompt == "only"
+    assert CompletionRequest.model_validate({"model": "llm", "prompt": [1, 2, 3]}).prompt == [1, 2, 3]
