@@ -43,7 +43,7 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
     p.add_argument("--token", help="bearer token for the control plane's writes (default: SPECCTL_TOKEN, else generated)")
     p.add_argument("--non-decoupled", action="store_true",
                    help="render the models non-decoupled: one response per request, so plain tritonclient infer() "
-                        "works; streaming requests are refused")
+                        "works; streaming requests (stream true, the front end's streamed responses) are refused")
 
 
 def deployment_config(args: argparse.Namespace):
