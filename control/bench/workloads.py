@@ -7,7 +7,10 @@ Sources (DESIGN.md section 9):
   ``azure-conv``, ``azure-code`` (Azure LLM inference trace 2023) and ``mooncake`` (Mooncake FAST'25
   conversation trace), with explicit time and length scaling recorded in ``notes``;
 - prompt sets with Poisson arrivals: ``sharegpt`` (ShareGPT first user turns) and ``spec-bench``
-  (Spec-Bench questions, with categories).
+  (Spec-Bench questions, with categories);
+- your own trace: a ``.jsonl`` or ``.csv`` file (``load_workload_file``), one request per record or
+  row with ``arrival_s`` (seconds; omitted in every row: Poisson arrivals at the given rate),
+  ``output_tokens`` and either ``input_tokens`` or ``prompt`` (text; tokens estimated as below).
 
 Token counts of prompt sets are estimated as ceil(characters / 4) (no tokenizer of the served
 model exists here); their output lengths follow a lognormal matched to the Azure conversation
@@ -44,7 +47,9 @@ PROMPT_SETS = {
     "spec-bench": ("spec_bench/question.jsonl", "chat"),
 }
 KINDS = ("poisson", *TRACES, *PROMPT_SETS)
-ACCEPTED = "poisson[:in=DIST,out=DIST], azure-conv, azure-code, mooncake, sharegpt, spec-bench"
+ACCEPTED = "poisson[:in=DIST,out=DIST], azure-conv, azure-code, mooncake, sharegpt, spec-bench, FILE.jsonl, FILE.csv"
+FILE_SUFFIXES = (".jsonl", ".csv")
+FILE_FIELDS = "arrival_s (optional), input_tokens or prompt, output_tokens"
 
 
 def workloads_dir() -> Path:
@@ -315,12 +320,85 @@ def prompt_set(kind: str, n: int, rate: float, seed: int = 0, root: Path | None 
                            "output_tokens": f"lognormal mean {CONV_OUTPUT_MEAN:.0f} std {CONV_OUTPUT_STD:.0f} (Azure conv)"})
 
 
+def _file_records(p: Path):
+    """(line number, record dict) per request of a JSONL or CSV workload file."""
+    with p.open(newline="") as f:
+        if p.suffix == ".csv":
+            reader = csv.DictReader(f)
+            for i, row in enumerate(reader, start=2):
+                yield i, {k.strip(): v.strip() for k, v in row.items() if k is not None and v not in (None, "")}
+            return
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{p}: line {i} is not JSON ({e.msg}); expected {{{FILE_FIELDS}}}") from None
+            if not isinstance(rec, dict):
+                raise ConfigError(f"{p}: line {i} is not a JSON object; expected {{{FILE_FIELDS}}}")
+            yield i, rec
+
+
+def _file_number(p: Path, line: int, rec: dict, key: str, integer: bool) -> float:
+    v = rec[key]
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        x = float(v)
+        if not math.isfinite(x) or x < 0 or (integer and (x != int(x) or x < 1)):
+            raise ValueError
+    except (TypeError, ValueError):
+        want = "an integer >= 1" if integer else "a finite number >= 0"
+        shown = repr(v)[:40] if isinstance(v, str) else json.dumps(v)[:40]
+        raise ConfigError(f"{p}: line {line}: {key} = {shown}: must be {want}") from None
+    return x
+
+
+def load_workload_file(path: str | Path, *, rate: float = 1.0, seed: int = 0) -> Workload:
+    """A workload from a JSONL or CSV file (see the module doc); a bad row is named by its line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"workload file '{p}' does not exist")
+    t, ctx, gen, has_t = [], [], [], []
+    for line, rec in _file_records(p):
+        unknown = sorted(set(rec) - {"arrival_s", "input_tokens", "prompt", "output_tokens"})
+        if unknown:
+            raise ConfigError(f"{p}: line {line}: unknown field '{unknown[0]}'; accepted: {FILE_FIELDS}")
+        if "output_tokens" not in rec or ("input_tokens" in rec) == ("prompt" in rec):
+            raise ConfigError(f"{p}: line {line}: needs output_tokens and exactly one of input_tokens or prompt")
+        has_t.append("arrival_s" in rec)
+        t.append(_file_number(p, line, rec, "arrival_s", False) if has_t[-1] else 0.0)
+        ctx.append(int(_file_number(p, line, rec, "input_tokens", True)) if "input_tokens" in rec
+                   else estimate_tokens(str(rec["prompt"])))
+        gen.append(int(_file_number(p, line, rec, "output_tokens", True)))
+    if not t:
+        raise ConfigError(f"{p}: no requests; each line or row needs {FILE_FIELDS}")
+    if any(has_t) and not all(has_t):
+        raise ConfigError(f"{p}: line {_file_line(p, has_t)}: arrival_s is missing; give it in every row or in none")
+    arrivals = np.array(t) if all(has_t) else poisson_arrivals(np.random.default_rng([seed, 17]), len(t), rate)
+    order = np.argsort(arrivals, kind="stable")
+    return Workload(p.stem, arrivals[order] - arrivals[order][0], np.array(ctx, dtype=I64)[order],
+                    np.array(gen, dtype=I64)[order], np.full(len(t), -1, dtype=I64),
+                    notes={"source": f"file {p.name}",
+                           "arrivals": "from the file" if all(has_t) else f"Poisson at {rate:g} req/s"})
+
+
+def _file_line(p: Path, has_t: list[bool]) -> int:
+    """The line of the first record without arrival_s."""
+    missing = has_t.index(False)
+    return next(line for k, (line, _) in enumerate(_file_records(p)) if k == missing)
+
+
 def load_workload(spec: str, *, requests: int | None = None, rate: float = 1.0, seed: int = 0,
                   root: Path | None = None) -> Workload:
     """A workload by name (see module doc). Traces keep their own timing (rescale with ``with_rate``);
     prompt sets and Poisson draw ``requests`` arrivals at ``rate`` req/s."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"workload {spec!r} is empty; accepted: {ACCEPTED}")
+    if spec.strip().lower().endswith(FILE_SUFFIXES):
+        w = load_workload_file(spec.strip(), rate=rate, seed=seed)
+        return w.head(requests) if requests and requests < w.n else w
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
     if name == "poisson":

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from control.commands import args as A
+from control.commands.sim import qps_list, qps_loads
 
 
 def _fractions(text: str) -> list[float]:
@@ -42,9 +43,11 @@ def _policies(text: str) -> list[str]:
 def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str, warmup: int = 16) -> None:
     p.add_argument("--workload", default="corpus",
                    help="corpus (Poisson arrivals, held-out corpus prompts; default), or a trace/prompt set replayed "
-                        "with rescaled times and lengths: azure-code, azure-conv, mooncake, sharegpt, spec-bench, poisson:...")
+                        "with rescaled times and lengths: azure-code, azure-conv, mooncake, sharegpt, spec-bench, poisson:..., "
+                        "or a FILE.jsonl / FILE.csv of requests (arrival_s optional, input_tokens or prompt, output_tokens)")
     p.add_argument("--loads", type=_fractions, default=_fractions(loads),
                    help=f"load levels as fractions of the measured no-speculation capacity (default {loads})")
+    p.add_argument("--qps", type=qps_list, help="absolute request rates in req/s instead of --loads, e.g. 0.5,1,2")
     p.add_argument("--policies", type=_policies, default=["none", "fixed:3", "adaptive"],
                    help="policies to compare, switched through the override API (default none,fixed:3,adaptive)")
     p.add_argument("--requests", type=A.positive_int, default=requests, help=f"requests per run (default {requests})")
@@ -135,6 +138,11 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 task = prog.add_task("capacity (policy none, all at once)", total=creqs.n)
                 capacity, _ = measure_capacity(ep, creqs, on_done=lambda d: prog.update(task, completed=d))
             meta["capacity_req_s"] = round(capacity, 4)
+            if getattr(args, "qps", None):
+                args.loads = qps_loads(args.qps, capacity, max_load=4.0)
+                meta["qps"] = ",".join(f"{q:g}" for q in args.qps)
+                meta["loads"] = ",".join(f"{x:.4g}" for x in args.loads)
+                runs = len(args.loads) * len(args.policies) * args.repeats
             console.print(f"no-speculation capacity: {capacity:.3f} req/s")
             if args.warmup_requests:
                 wreqs = make_requests(args.workload, args.warmup_requests, seed=args.seed + 2,

@@ -41,6 +41,9 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
     p.add_argument("--control-port", type=_port0, default=8700, help="control-plane port (default 8700; 0 = any free)")
     p.add_argument("--run-dir", help="where to render the model repository and write logs (default runs/<timestamp>)")
     p.add_argument("--token", help="bearer token for the control plane's writes (default: SPECCTL_TOKEN, else generated)")
+    p.add_argument("--non-decoupled", action="store_true",
+                   help="render the models non-decoupled: one response per request, so plain tritonclient infer() "
+                        "works; streaming requests (stream true, the front end's streamed responses) are refused")
 
 
 def deployment_config(args: argparse.Namespace):
@@ -62,7 +65,8 @@ def deployment_config(args: argparse.Namespace):
                             policy=str(spec), max_k=args.max_k, max_batch=args.max_batch,
                             max_tokens=args.max_tokens_limit, instances=args.instances, threads=args.threads,
                             http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-                            control_port=args.control_port, token=args.token)
+                            control_port=args.control_port, token=args.token,
+                            decoupled=not getattr(args, "non_decoupled", False))
 
 
 def register(sub) -> None:

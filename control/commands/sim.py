@@ -21,6 +21,31 @@ def loads_list(text: str) -> list[float]:
     return out
 
 
+def qps_list(text: str) -> list[float]:
+    """Absolute request rates (req/s), comma-separated."""
+    out = []
+    for part in text.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"qps {part!r} is not a number; write e.g. 0.5,2,8 (requests per second)") from None
+        if not (math.isfinite(v) and v > 0):
+            raise argparse.ArgumentTypeError(f"qps {part} must be a finite number > 0 (requests per second)")
+        out.append(v)
+    return out
+
+
+def qps_loads(qps: list[float], capacity: float, max_load: float) -> list[float]:
+    """``--qps`` as fractions of the capacity, refused beyond ``max_load`` times it."""
+    from control.errors import ConfigError
+
+    for q in qps:
+        if q / capacity > max_load:
+            raise ConfigError(f"--qps {q:g}: {q / capacity:.3g}x the no-speculation capacity {capacity:.3g} req/s; "
+                              f"at most {max_load:g}x")
+    return [q / capacity for q in qps]
+
+
 def policies_list(text: str) -> list[str]:
     from control.errors import ConfigError
     from control.policyspec import parse_policy_spec
@@ -49,9 +74,11 @@ def register(sub) -> None:
                                    "of the no-speculation capacity, which the simulator measures and prints.")
     p.add_argument("--profile", required=True, help="profile YAML (measured or from `specctl roofline`)")
     p.add_argument("--workload", required=True,
-                   help="poisson[:in=DIST,out=DIST], azure-conv, azure-code, mooncake, sharegpt, spec-bench")
+                   help="poisson[:in=DIST,out=DIST], azure-conv, azure-code, mooncake, sharegpt, spec-bench, or a "
+                        "FILE.jsonl / FILE.csv of requests (arrival_s optional, input_tokens or prompt, output_tokens)")
     p.add_argument("--loads", type=loads_list, default=loads_list("0.1,0.3,0.5,0.7,0.9,1.1"),
                    help="comma-separated fractions of capacity (default 0.1,0.3,0.5,0.7,0.9,1.1)")
+    p.add_argument("--qps", type=qps_list, help="absolute request rates in req/s instead of --loads, e.g. 0.5,2,8")
     p.add_argument("--policies", type=policies_list,
                    default=policies_list("none,fixed:1,fixed:3,fixed:5,fixed:7,smartspec,turbospec,specserve,"
                                          "static-schedule,hf-heuristic,adaptive,oracle"),
@@ -104,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     capacity = args.capacity or measure_capacity(setup)
     how = "given" if args.capacity else "measured: the highest Poisson rate at which none keeps a bounded queue"
     con.print(f"no-speculation capacity: {capacity:.3f} req/s ({how})")
+    if args.qps:
+        args.loads = qps_loads(args.qps, capacity, max_load=10.0)
+        con.print("loads from --qps: " + ", ".join(f"{q:g} req/s = {x:.3g}" for q, x in zip(args.qps, args.loads, strict=True)))
     seeds = list(range(args.seeds))
     total = len(args.loads) * len(seeds) * len(args.policies)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -1,21 +1,48 @@
 """Triton's KServe HTTP API (``/v2/...``) forwarded to Triton on its internal loopback port.
 
-Bodies reach this code only after ``limits`` has checked them. Responses stream through unchanged
-(``generate_stream`` is server-sent events). Hop-by-hop headers are not forwarded.
+Bodies reach this code only after ``limits`` has checked them. ``generate`` / ``generate_stream``
+bodies for the llm model and its aliases are checked against the request contract first
+(``check_generate_body``): Triton's JSON layer would answer a wrong type with a 500 that names no
+field, truncate integers to int32 and ignore a misspelt field; those get a 400 naming the field.
+Responses stream through unchanged (``generate_stream`` is server-sent events). Hop-by-hop headers
+are not forwarded.
 """
 
 from __future__ import annotations
 
+import json
+import re
+
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
+from control.errors import ConfigError
 from control.frontend.protocol import OpenAIError
+from control.triton.llm_request import check_generate_body
 
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host",
                          "content-length", "proxy-authorization", "proxy-authenticate"})
 METHODS = ["GET", "POST", "HEAD"]
+LLM_MODELS = ("llm", "ensemble", "tensorrt_llm_bls")
+GENERATE_PATH = re.compile(r"models/([^/]+)(?:/versions/\d+)?/(generate|generate_stream)")
+
+
+def _generate_error(path: str, body: bytes) -> str | None:
+    """What is wrong with a generate body for the llm model (None: forward it)."""
+    m = GENERATE_PATH.fullmatch(path)
+    if m is None or m.group(1) not in LLM_MODELS:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None  # Triton names a body that is not JSON itself
+    try:
+        check_generate_body(doc, stream_endpoint=m.group(2) == "generate_stream")
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def register(app: FastAPI) -> None:
@@ -25,7 +52,10 @@ def register(app: FastAPI) -> None:
         client: httpx.AsyncClient = request.app.state.triton_http
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         url = httpx.URL(path="/v2" + (f"/{path}" if path else ""), query=request.url.query.encode())
-        upstream = client.build_request(request.method, url, headers=headers, content=await request.body())
+        body = await request.body()
+        if request.method == "POST" and (error := _generate_error(path, body)) is not None:
+            return JSONResponse({"error": error}, status_code=400)
+        upstream = client.build_request(request.method, url, headers=headers, content=body)
         try:
             r = await client.send(upstream, stream=True)
         except httpx.HTTPError as e:

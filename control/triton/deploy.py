@@ -57,6 +57,7 @@ class DeploymentConfig:
     control_port: int = 8700
     token: str | None = None
     service: bool = True  # False: the model runs on its default plan, no control plane
+    decoupled: bool = True  # False: one response per request (plain infer()), no streaming
     service_args: list[str] = field(default_factory=list)
     ready_timeout_s: float = 180.0
 
@@ -180,7 +181,7 @@ class Deployment:
                                    control_url=self.control_url if c.service else "",
                                    control_token_file=token_file, max_k=c.max_k,
                                    max_batch=c.max_batch, max_tokens=c.max_tokens, instances=c.instances,
-                                   threads=c.threads, drafter=c.drafter)
+                                   threads=c.threads, drafter=c.drafter, decoupled=c.decoupled)
             self.say(f"starting tritonserver (model repository {repo})")
             self.triton = TritonServer(repo, self.run_dir, http_port=c.http_port, grpc_port=c.grpc_port,
                                        metrics_port=c.metrics_port, host=c.host, pythonpath=[str(ROOT)],

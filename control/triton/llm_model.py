@@ -37,22 +37,25 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.triton.cancel_watch import CancelWatch
+from control.triton.llm_metrics import LlmMetrics
 from control.triton.llm_request import (
     ACCEPTED_OUTPUTS,
     DRAFTED_OUTPUTS,
+    INPUTS,
     GenerateRequest,
     Limits,
     StatsRequest,
+    check_parameters,
     parse_request,
 )
 
 log = logging.getLogger("specctl.triton.llm")
 
-INPUT_NAMES = ("text_input", "input_ids", "max_tokens", "stream", "temperature", "top_k", "top_p", "random_seed",
-               "stop_words", "bad_words", "end_id", "num_draft_tokens", "policy", "stats")
+INPUT_NAMES = tuple(INPUTS)
 EXECUTORS = ("reference", "trtllm")
 CONTROLS = ("drafter-hook", "static-schedule")
 K_HIST = 17  # k = 0..16
+PROMPT_BYTES_PER_TOKEN = 64  # text_input above max_seq_len * this many bytes is refused before tokenising
 TOKEN_FILE_FORBIDDEN_BITS = 0o077  # group and other permissions: the token file is owner-only
 MAX_TOKEN_FILE_CHARS = 4096
 AGENT_BACKOFF_MAX_S = 2.0  # a restarted control plane (same port) is found again within about this long
@@ -192,6 +195,10 @@ class Live:
     stream: bool
     detok: Detokenizer
     started: float
+    request: GenerateRequest | None = None
+    arrival_ns: int = 0  # wall clock, for return_perf_metrics
+    first_token_ns: int = 0
+    first_token_s: float = 0.0  # monotonic
     text: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     drafted: int = 0
@@ -246,42 +253,64 @@ class ResponseSender:
     ``_submit(parsed, sender)``, which starts serving one parsed request.
     """
 
-    def _read_config(self, pb, args: dict[str, Any]) -> ModelParams:
+    def _read_config(self, pb, args: dict[str, Any], *, need_decoupled: bool = True) -> ModelParams:
         """The model config both flavours start from: pb, config, instance name, declared outputs and
-        the parameters; the model must be decoupled (it streams)."""
+        the parameters. A non-decoupled config (``need_decoupled`` False) answers each request with
+        exactly one response and refuses ``stream``."""
         self.pb = pb
         self.config = json.loads(args["model_config"])
         self.instance = args.get("model_instance_name", "llm")
-        if not pb.using_decoupled_model_transaction_policy(self.config):
+        self.decoupled = bool(pb.using_decoupled_model_transaction_policy(self.config))
+        if need_decoupled and not self.decoupled:
             raise ConfigError("the llm model must be decoupled: set model_transaction_policy { decoupled: true }")
         self.params = ModelParams.from_config(self.config)
         self.outputs = {o["name"] for o in self.config.get("output", [])}
+        self.metrics = LlmMetrics(pb, self.config.get("name", "llm"))
         return self.params
 
-    def execute(self, requests) -> None:
-        pb = self.pb
+    def execute(self, requests) -> str | None:
+        """Parse each request and start it; a refused request gets an error naming the value.
+
+        Returns the error of a batch of one refused request: the Triton entry point raises it, so
+        Triton counts the request in ``nv_inference_request_failure`` (an error sent through a
+        decoupled sender counts as a success); in larger batches each refused request gets its
+        error through its own sender."""
         for request in requests:
-            sender = request.get_response_sender()
+            sender = None
             try:
-                tensors = {}
-                for name in INPUT_NAMES:
-                    t = pb.get_input_tensor_by_name(request, name)
-                    if t is not None:
-                        tensors[name] = t.as_numpy()
-                parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
-                                       deployment_policy=self.current_policy())
+                parsed = self._parse(request)
+                sender = request.get_response_sender()
                 if isinstance(parsed, StatsRequest):
                     self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
-                    continue
-                self._submit(parsed, sender)
+                else:
+                    self._submit(parsed, sender)  # ConfigError: nothing was queued
+                continue
             except ConfigError as e:
-                self.counters.rejected += 1
-                self._send_error(sender, str(e))
+                message = str(e)
             except Exception as e:  # a bug must not take the instance down: fail this request only
-                self.counters.rejected += 1
                 log.exception("llm: request failed")
-                self._send_error(sender, f"internal error: {type(e).__name__}: {e}")
+                message = f"internal error ({type(e).__name__}) while reading this request; see the server log"
+            self.counters.rejected += 1
+            self.metrics.rejected()
+            if len(requests) == 1:
+                return message
+            self._send_error(sender or request.get_response_sender(), message)
         return None
+
+    def _parse(self, request) -> GenerateRequest | StatsRequest:
+        pb = self.pb
+        check_parameters(request.parameters())
+        tensors = {}
+        for name in INPUT_NAMES:
+            t = pb.get_input_tensor_by_name(request, name)
+            if t is not None:
+                tensors[name] = t.as_numpy()
+        parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
+                               deployment_policy=self.current_policy())
+        if isinstance(parsed, GenerateRequest) and parsed.stream and not self.decoupled:
+            raise ConfigError("stream = true: this deployment is not decoupled and answers with one response; "
+                              "send stream false (or serve without --non-decoupled)")
+        return parsed
 
     def _send(self, sender, outputs: dict[str, np.ndarray], final: bool) -> None:
         pb = self.pb
@@ -298,13 +327,29 @@ class ResponseSender:
             self.counters.send_errors += 1
 
     def _outputs(self, live, text: str, ids: list[int]) -> dict[str, np.ndarray]:
+        req = getattr(live, "request", None)
+        if req is not None and req.include_input and not live.stream:  # exclude_input_in_output false
+            text, ids = req.prompt_text + text, list(req.prompt_ids) + list(ids)
         out = {"text_output": np.array([text], dtype=object), "output_ids": np.asarray(ids, dtype=np.int32),
                "acceptance_rate": np.array([live.accepted / live.drafted if live.drafted else 0.0], dtype=np.float32)}
         for n in DRAFTED_OUTPUTS:
             out[n] = np.array([live.drafted], dtype=np.int32)
         for n in ACCEPTED_OUTPUTS:
             out[n] = np.array([live.accepted], dtype=np.int32)
+        if req is not None and req.perf_metrics:
+            out.update(self._perf_outputs(live))
         return out
+
+    @staticmethod
+    def _perf_outputs(live) -> dict[str, np.ndarray]:
+        """tensorrtllm_backend's return_perf_metrics outputs. Admission and prefill happen in the
+        engine step that yields the first token, so first_scheduled_time_ns is that step's end; the
+        KV cache is one slot per request (no paged blocks, no reuse)."""
+        first = live.first_token_ns or time.time_ns()
+        vals = {"arrival_time_ns": live.arrival_ns, "first_scheduled_time_ns": first, "first_token_time_ns": first,
+                "last_token_time_ns": time.time_ns(), "kv_cache_alloc_new_blocks": 1, "kv_cache_reused_blocks": 0,
+                "kv_cache_alloc_total_blocks": 1}
+        return {n: np.array([v], dtype=np.int64) for n, v in vals.items()}
 
 
 class LlmModel(ResponseSender):
@@ -313,10 +358,12 @@ class LlmModel(ResponseSender):
     def __init__(self, pb, args: dict[str, Any]) -> None:
         import torch
 
-        p = self._read_config(pb, args)
+        p = self._read_config(pb, args, need_decoupled=False)
         torch.set_num_threads(p.threads)
         self._load(p)
-        self.limits = Limits(max_tokens=p.max_tokens, default_max_tokens=min(p.default_max_tokens, p.max_tokens))
+        self.limits = Limits(max_tokens=p.max_tokens, default_max_tokens=min(p.default_max_tokens, p.max_tokens),
+                             max_prompt_bytes=self.engine.max_len * PROMPT_BYTES_PER_TOKEN,
+                             vocab_size=self.loaded.target.config.vocab_size)
         self.counters = Counters()
         self.live: dict[int, Live] = {}
         self._cond = threading.Condition()
@@ -390,7 +437,8 @@ class LlmModel(ResponseSender):
     def _submit(self, req: GenerateRequest, sender) -> None:
         with self._reg:
             rid = self.engine.add_request(req.prompt_ids, req.params)  # ConfigError: nothing is queued
-            self.live[rid] = Live(rid, sender, req.stream, Detokenizer(self._decode), time.monotonic())
+            self.live[rid] = Live(rid, sender, req.stream, Detokenizer(self._decode), time.monotonic(), req,
+                                  arrival_ns=time.time_ns())
             self._watch.add(rid)
             self.counters.requests += 1
         with self._cond:
@@ -468,6 +516,8 @@ class LlmModel(ResponseSender):
         if out.finished and out.finish_reason is not None and out.finish_reason.value == "cancelled":
             self.live.pop(out.request_id, None)
             return
+        if out.new_token_ids and not live.first_token_ns:
+            live.first_token_ns, live.first_token_s = time.time_ns(), time.monotonic()
         delta = live.detok.push(out.new_token_ids, final=out.finished)
         try:
             if live.stream:
@@ -490,6 +540,10 @@ class LlmModel(ResponseSender):
             self.counters.completed += 1
             self.counters.drafted += out.total_drafted
             self.counters.accepted += out.total_accepted
+            now = time.monotonic()
+            self.metrics.finished(latency_s=now - live.started,
+                                  ttft_s=(live.first_token_s or now) - live.started, tokens=out.num_generated,
+                                  drafted=out.total_drafted, accepted=out.total_accepted)
 
     def _step_failed(self, e: Exception) -> None:
         log.exception("llm: engine step failed")
@@ -499,6 +553,7 @@ class LlmModel(ResponseSender):
             self.live.pop(rid, None)
             self.engine.cancel(rid)
             self.counters.failed += 1
+            self.metrics.failed()
             self._send_error(live.sender, f"the engine failed while running this request ({type(e).__name__}: {e}); "
                                           "retry it")
 

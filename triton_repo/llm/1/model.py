@@ -16,7 +16,13 @@ class TritonPythonModel:
         self.model = load_model(pb_utils, args)
 
     def execute(self, requests):
-        return self.model.execute(requests)
+        # A refused request is raised here so Triton counts it as failed; the error text Triton
+        # sends names this frame, so the frame is named after the model, not a server path.
+        error = self.model.execute(requests)
+        if error:
+            raise pb_utils.TritonModelException(error)
+
+    execute.__code__ = execute.__code__.replace(co_filename="llm")
 
     def finalize(self):
         self.model.finalize()
