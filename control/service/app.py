@@ -397,7 +397,7 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
         return state.status()
 
     def _explain(batch: int | None, ctx: int | None, acceptance: float | None, drafter: str | None) -> dict:
-        from control.commands.explain import explain
+        from control.goodput.explain import explain
         from control.service.dashboard import curve_inputs
 
         plan = state.plan

@@ -28,210 +28,29 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from control.agent.wire import K_BUCKETS
 from control.errors import ConfigError
 from control.triton.cancel_watch import CancelWatch
-from control.triton.llm_metrics import LlmMetrics
 from control.triton.llm_request import (
-    ACCEPTED_OUTPUTS,
-    DRAFTED_OUTPUTS,
-    INPUTS,
     GenerateRequest,
     Limits,
-    StatsRequest,
-    check_parameters,
-    parse_request,
+)
+from control.triton.sender import (
+    AGENT_BACKOFF_MAX_S,
+    PROMPT_BYTES_PER_TOKEN,
+    Counters,
+    Detokenizer,
+    Live,
+    ModelParams,
+    ResponseSender,
 )
 
 log = logging.getLogger("specctl.triton.llm")
-
-INPUT_NAMES = tuple(INPUTS)
-EXECUTORS = ("reference", "trtllm")
-CONTROLS = ("drafter-hook", "static-schedule")
-K_HIST = 17  # k = 0..16
-PROMPT_BYTES_PER_TOKEN = 64  # text_input above max_seq_len * this many bytes is refused before tokenising
-TOKEN_FILE_FORBIDDEN_BITS = 0o077  # group and other permissions: the token file is owner-only
-MAX_TOKEN_FILE_CHARS = 4096
-AGENT_BACKOFF_MAX_S = 2.0  # a restarted control plane (same port) is found again within about this long
-
-
-@dataclass(frozen=True)
-class ModelParams:
-    """The ``parameters`` of the llm model's config.pbtxt.
-
-    ``executor: reference`` needs ``engine_dir``; ``executor: trtllm`` needs ``llm_api_options`` (the
-    LLM API options ``specctl build`` wrote) and ``model`` (the target checkpoint; else the options'
-    ``model`` key), and takes ``plan`` (the build's plan: the agent's profile, policy and K),
-    ``control`` (``drafter-hook`` or ``static-schedule``), ``sku`` and ``pair``.
-    """
-
-    executor: str = "reference"
-    engine_dir: str = ""
-    llm_api_options: str = ""
-    model: str = ""
-    plan: str = ""
-    control: str = "static-schedule"
-    sku: str = ""
-    pair: str = ""
-    cancel_check_ms: int = 50
-    profile: str = ""
-    policy: str = "adaptive"
-    max_k: int = 8
-    max_batch: int = 32
-    max_tokens: int = 1024
-    default_max_tokens: int = 64
-    threads: int = 1
-    control_url: str = ""
-    control_token_file: str = ""
-    drafter: str = ""
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelParams:
-        raw = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
-        if raw.get("control_token"):
-            raise ConfigError("llm model parameter control_token: Triton shows the model config to anyone "
-                              "(GET /v2/models/<name>/config), so it must not hold the token; write the token to "
-                              "an owner-only file named by control_token_file, or set SPECCTL_TOKEN")
-        kw: dict[str, Any] = {}
-        for f in cls.__dataclass_fields__.values():
-            if f.name not in raw or raw[f.name] == "":
-                continue
-            v = raw[f.name]
-            if f.type == "int":
-                try:
-                    kw[f.name] = int(v)
-                except ValueError:
-                    raise ConfigError(f"llm model parameter {f.name} = {v!r}: must be an integer") from None
-            else:
-                kw[f.name] = v
-        p = cls(**kw)
-        if p.executor not in EXECUTORS:
-            raise ConfigError(f"llm model parameter executor = {p.executor!r}: accepted: {', '.join(EXECUTORS)}")
-        if p.executor == "reference" and not p.engine_dir:
-            raise ConfigError("llm model parameter engine_dir is empty; `specctl serve --engine-dir DIR` fills it in")
-        if p.executor == "trtllm":
-            if not p.llm_api_options:
-                raise ConfigError("llm model parameter llm_api_options is empty; `specctl build --recipe R --backend "
-                                  "pytorch --out DIR` renders it (then run DIR/build.sh to fill in the paths)")
-            if "@OUT@" in p.llm_api_options + p.model + p.plan:
-                raise ConfigError("the llm model's parameters still contain @OUT@: run the deployment's build.sh "
-                                  "(its first step points the configs at the deployment directory)")
-            if p.control not in CONTROLS:
-                raise ConfigError(f"llm model parameter control = {p.control!r}: accepted: {', '.join(CONTROLS)}")
-        if p.cancel_check_ms < 1:
-            raise ConfigError(f"llm model parameter cancel_check_ms = {p.cancel_check_ms}: must be >= 1")
-        for name in ("max_k", "max_batch", "max_tokens", "default_max_tokens", "threads"):
-            if getattr(p, name) < (0 if name == "max_k" else 1):
-                raise ConfigError(f"llm model parameter {name} = {getattr(p, name)}: must be >= {0 if name == 'max_k' else 1}")
-        return p
-
-    def read_token(self) -> str | None:
-        """The control-plane token: from ``control_token_file`` if set, else None (the agent then reads
-        SPECCTL_TOKEN from the environment)."""
-        return read_token_file(self.control_token_file) if self.control_token_file else None
-
-
-def read_token_file(path: str) -> str:
-    """A token from an owner-only file; ConfigError if it is missing, empty or readable by others."""
-    import os
-    import stat
-
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"llm model parameter control_token_file = {path!r}: not a regular file")
-        if st.st_mode & TOKEN_FILE_FORBIDDEN_BITS:
-            raise ConfigError(f"llm model parameter control_token_file = {path!r}: mode {stat.S_IMODE(st.st_mode):o} "
-                              "lets others read it; make it owner-only (chmod 600)")
-        with open(path, encoding="utf-8") as f:
-            token = f.read(MAX_TOKEN_FILE_CHARS + 1).strip()
-    except OSError as e:
-        raise ConfigError(f"llm model parameter control_token_file = {path!r}: cannot read it ({e.strerror})") from None
-    if not token or len(token) > MAX_TOKEN_FILE_CHARS or any(c.isspace() for c in token):
-        raise ConfigError(f"llm model parameter control_token_file = {path!r}: must hold one token of 1.."
-                          f"{MAX_TOKEN_FILE_CHARS} characters without spaces")
-    return token
-
-
-class Detokenizer:
-    """Incremental detokenisation: text deltas that never end inside a multi-byte character.
-
-    Decodes a short window of recent tokens (as vLLM does) rather than the whole output per step.
-    """
-
-    __slots__ = ("decode", "tokens", "prefix", "read")
-
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self.decode = decode
-        self.tokens: list[int] = []
-        self.prefix = 0  # tokens before this are fully emitted and not needed for context
-        self.read = 0  # tokens before this have had their text emitted
-
-    def push(self, new: tuple[int, ...] | list[int], final: bool = False) -> str:
-        self.tokens.extend(new)
-        before = self.decode(self.tokens[self.prefix:self.read])
-        after = self.decode(self.tokens[self.prefix:])
-        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
-            delta = after[len(before):]
-            self.prefix, self.read = self.read, len(self.tokens)
-            return delta
-        if final and after.endswith("\ufffd"):
-            return after[len(before):]
-        return ""
-
-
-@dataclass(eq=False)
-class Live:
-    """One in-flight request: its sender and what has been sent."""
-
-    rid: int
-    sender: Any
-    stream: bool
-    detok: Detokenizer
-    started: float
-    request: GenerateRequest | None = None
-    arrival_ns: int = 0  # wall clock, for return_perf_metrics
-    first_token_ns: int = 0
-    first_token_s: float = 0.0  # monotonic
-    text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
-
-
-@dataclass
-class Counters:
-    requests: int = 0
-    rejected: int = 0
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    steps: int = 0
-    step_errors: int = 0
-    send_errors: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    last_error: str = ""
-    # Per-step totals since start (the benchmark diffs them around a run).
-    busy_ms: float = 0.0
-    decode_steps: int = 0
-    spec_steps: int = 0
-    step_verified: int = 0
-    step_accepted: int = 0
-    generated: int = 0
-    # Where the busy time went (ms): the policy (decide + prune + observe), prompt prefill, draft
-    # and verify passes, and the loop's own time delivering each step's outputs to the senders.
-    policy_ms: float = 0.0
-    prefill_ms: float = 0.0
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
-    deliver_ms: float = 0.0
 
 
 def load_model(pb, args: dict[str, Any]):
@@ -242,114 +61,6 @@ def load_model(pb, args: dict[str, Any]):
 
         return LlmApiModel(pb, args)
     return LlmModel(pb, args)
-
-
-class ResponseSender:
-    """Responses through a request's Triton response sender, shared by both llm model flavours.
-
-    Needs ``self.pb`` (triton_python_backend_utils), ``self.outputs`` (the output names the config
-    declares), ``self.counters`` (``rejected``, ``send_errors``), the request parser's inputs
-    (``limits``, ``_encode``, ``_encode_words``, ``current_policy()``), ``stats()`` and
-    ``_submit(parsed, sender)``, which starts serving one parsed request.
-    """
-
-    def _read_config(self, pb, args: dict[str, Any], *, need_decoupled: bool = True) -> ModelParams:
-        """The model config both flavours start from: pb, config, instance name, declared outputs and
-        the parameters. A non-decoupled config (``need_decoupled`` False) answers each request with
-        exactly one response and refuses ``stream``."""
-        self.pb = pb
-        self.config = json.loads(args["model_config"])
-        self.instance = args.get("model_instance_name", "llm")
-        self.decoupled = bool(pb.using_decoupled_model_transaction_policy(self.config))
-        if need_decoupled and not self.decoupled:
-            raise ConfigError("the llm model must be decoupled: set model_transaction_policy { decoupled: true }")
-        self.params = ModelParams.from_config(self.config)
-        self.outputs = {o["name"] for o in self.config.get("output", [])}
-        self.metrics = LlmMetrics(pb, self.config.get("name", "llm"))
-        return self.params
-
-    def execute(self, requests) -> str | None:
-        """Parse each request and start it; a refused request gets an error naming the value.
-
-        Returns the error of a batch of one refused request: the Triton entry point raises it, so
-        Triton counts the request in ``nv_inference_request_failure`` (an error sent through a
-        decoupled sender counts as a success); in larger batches each refused request gets its
-        error through its own sender."""
-        for request in requests:
-            sender = None
-            try:
-                parsed = self._parse(request)
-                sender = request.get_response_sender()
-                if isinstance(parsed, StatsRequest):
-                    self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
-                else:
-                    self._submit(parsed, sender)  # ConfigError: nothing was queued
-                continue
-            except ConfigError as e:
-                message = str(e)
-            except Exception as e:  # a bug must not take the instance down: fail this request only
-                log.exception("llm: request failed")
-                message = f"internal error ({type(e).__name__}) while reading this request; see the server log"
-            self.counters.rejected += 1
-            self.metrics.rejected()
-            if len(requests) == 1:
-                return message
-            self._send_error(sender or request.get_response_sender(), message)
-        return None
-
-    def _parse(self, request) -> GenerateRequest | StatsRequest:
-        pb = self.pb
-        check_parameters(request.parameters())
-        tensors = {}
-        for name in INPUT_NAMES:
-            t = pb.get_input_tensor_by_name(request, name)
-            if t is not None:
-                tensors[name] = t.as_numpy()
-        parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
-                               deployment_policy=self.current_policy())
-        if isinstance(parsed, GenerateRequest) and parsed.stream and not self.decoupled:
-            raise ConfigError("stream = true: this deployment is not decoupled and answers with one response; "
-                              "send stream false (or serve without --non-decoupled)")
-        return parsed
-
-    def _send(self, sender, outputs: dict[str, np.ndarray], final: bool) -> None:
-        pb = self.pb
-        tensors = [pb.Tensor(n, v) for n, v in outputs.items() if n in self.outputs]
-        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
-
-    def _send_error(self, sender, message: str) -> None:
-        pb = self.pb
-        try:
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # the client is gone
-            self.counters.send_errors += 1
-
-    def _outputs(self, live, text: str, ids: list[int]) -> dict[str, np.ndarray]:
-        req = getattr(live, "request", None)
-        if req is not None and req.include_input and not live.stream:  # exclude_input_in_output false
-            text, ids = req.prompt_text + text, list(req.prompt_ids) + list(ids)
-        out = {"text_output": np.array([text], dtype=object), "output_ids": np.asarray(ids, dtype=np.int32),
-               "acceptance_rate": np.array([live.accepted / live.drafted if live.drafted else 0.0], dtype=np.float32)}
-        for n in DRAFTED_OUTPUTS:
-            out[n] = np.array([live.drafted], dtype=np.int32)
-        for n in ACCEPTED_OUTPUTS:
-            out[n] = np.array([live.accepted], dtype=np.int32)
-        if req is not None and req.perf_metrics:
-            out.update(self._perf_outputs(live))
-        return out
-
-    @staticmethod
-    def _perf_outputs(live) -> dict[str, np.ndarray]:
-        """tensorrtllm_backend's return_perf_metrics outputs. Admission and prefill happen in the
-        engine step that yields the first token, so first_scheduled_time_ns is that step's end; the
-        KV cache is one slot per request (no paged blocks, no reuse)."""
-        first = live.first_token_ns or time.time_ns()
-        vals = {"arrival_time_ns": live.arrival_ns, "first_scheduled_time_ns": first, "first_token_time_ns": first,
-                "last_token_time_ns": time.time_ns(), "kv_cache_alloc_new_blocks": 1, "kv_cache_reused_blocks": 0,
-                "kv_cache_alloc_total_blocks": 1}
-        return {n: np.array([v], dtype=np.int64) for n, v in vals.items()}
 
 
 class LlmModel(ResponseSender):
@@ -372,7 +83,7 @@ class LlmModel(ResponseSender):
         self._reg = threading.Lock()
         self._stop = False
         self._last_k: list[int] = []
-        self._k_hist = np.zeros(K_HIST, dtype=np.int64)  # request-steps by k
+        self._k_hist = np.zeros(K_BUCKETS, dtype=np.int64)  # request-steps by k
         self._watch = CancelWatch()
         self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
         self._thread.start()
@@ -478,7 +189,7 @@ class LlmModel(ResponseSender):
                 c.spec_steps += int(k.size and k.max() > 0)
                 c.step_verified += st.verified
                 c.step_accepted += st.accepted
-                self._k_hist += np.bincount(np.clip(k, 0, K_HIST - 1), minlength=K_HIST)
+                self._k_hist += np.bincount(np.clip(k, 0, K_BUCKETS - 1), minlength=K_BUCKETS)
             self._last_k = list(st.k)
             t = time.perf_counter()
             for out in outs:

@@ -53,11 +53,11 @@ from typing import Any
 import numpy as np
 
 from control.errors import ConfigError
-from control.triton.llm_model import Detokenizer, ResponseSender
 from control.triton.llm_request import (
     GenerateRequest,
     Limits,
 )
+from control.triton.sender import Detokenizer, ResponseSender
 
 log = logging.getLogger("specctl.triton.llmapi")
 

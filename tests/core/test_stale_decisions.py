@@ -81,6 +81,7 @@ def test_the_stale_benchmark_runs_both_variants_on_the_same_requests(tmp_path, c
     import json
 
     from benchmarks.stale_decisions import main
+    from control.bench.simrun import WARMUP_SHARE
 
     out = tmp_path / "stale.json"
     assert main(["--workload", "poisson:in=256,out=64", "--loads", "0.5", "--requests", "60", "--seeds", "1",
@@ -89,7 +90,8 @@ def test_the_stale_benchmark_runs_both_variants_on_the_same_requests(tmp_path, c
     assert len(rows) == 1
     fresh, stale = rows[0]["fresh"], rows[0]["stale"]
     assert fresh["policy"] == "adaptive" and stale["policy"] == "adaptive+stale"
-    assert fresh["extra"]["completed"] == stale["extra"]["completed"] == 60
+    # both complete the same requests of the measured window (arrivals past the ramp-up)
+    assert fresh["extra"]["completed"] == stale["extra"]["completed"] >= int(60 * (1 - WARMUP_SHARE))
     assert rows[0]["goodput_ratio"] == stale["goodput_tok_s"] / fresh["goodput_tok_s"]
     assert "bar (within 1% of fresh)" in capsys.readouterr().out
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from control.errors import ConfigError
-from control.triton.llm_model import Detokenizer
 from control.triton.llm_request import GenerateRequest, Limits, StatsRequest, parse_request
+from control.triton.sender import Detokenizer
 
 
 def _parse(**tensors):

@@ -19,9 +19,9 @@ from control.executors.trtllm.llmapi import chain_positions, sampling_kwargs
 from control.plan import compile_plan
 from control.policy import build_policy
 from control.service.estimates import AcceptanceTracker
-from control.triton.llm_model import ModelParams
 from control.triton.llm_request import Limits, parse_request
 from control.triton.llmapi_model import KControl, check_request, choose_control, llmapi_sampling
+from control.triton.sender import ModelParams
 from tests.conftest import make_profile
 
 

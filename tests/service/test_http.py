@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from control.cli import main
-from control.commands.explain import explain
+from control.goodput.explain import explain
 from control.plan import parse_plan
 from tests.service.conftest import AUTH, TOKEN, free_port
 

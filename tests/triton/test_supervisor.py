@@ -21,7 +21,7 @@ def test_processes_are_seen_through_proc():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         assert child.pid in descendants(os.getpid()) and process_alive(child.pid)
-        assert stub_pids(os.getpid()) == set()  # no Python backend stub under this process
+        assert stub_pids(child.pid) == set()  # a plain process has no Python backend stub under it
     finally:
         child.kill()
     # Killed but not reaped: a zombie is not alive.

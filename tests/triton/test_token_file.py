@@ -5,8 +5,8 @@ import os
 import pytest
 
 from control.errors import ConfigError
-from control.triton.llm_model import ModelParams, read_token_file
 from control.triton.repo import render_llm_repo, write_token_file
+from control.triton.sender import ModelParams, read_token_file
 
 
 def _config(**params):
