@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from control.errors import SpecctlError
+from control.triton.server import terminate_group
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -54,17 +54,7 @@ class FrontendProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
+        terminate_group(self.proc, STOP_TIMEOUT_S)
 
 
 def frontend_args(*, triton_grpc: str, triton_http: str, tokenizer_dir: Path | None, max_k: int,

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
@@ -224,17 +223,9 @@ class Deployment:
             p.wait(10)
 
     def stop_service(self, timeout_s: float = 10.0) -> None:
-        p = self.service_proc
-        if p is None or p.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
+        from control.triton.server import terminate_group
+
+        terminate_group(self.service_proc, timeout_s)
 
     def alive(self) -> dict[str, bool]:
         return {"tritonserver": bool(self.triton and self.triton.alive()),

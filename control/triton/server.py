@@ -141,6 +141,21 @@ def server_env(install: TritonInstall, extra_pythonpath: list[str] | None = None
     return env
 
 
+def terminate_group(proc: subprocess.Popen | None, timeout_s: float) -> None:
+    """SIGTERM the process group of ``proc`` (started with ``start_new_session``), SIGKILL it after
+    ``timeout_s``; nothing once the process has exited."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
 class TritonServer:
     """A tritonserver process over a model repository; use as a context manager."""
 
@@ -233,13 +248,7 @@ class TritonServer:
         if self.proc.poll() is not None:  # it died: end what is left of its group (orphaned stubs)
             self.kill()
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout_s)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=5)
+        terminate_group(self.proc, timeout_s)
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.proc is None else self

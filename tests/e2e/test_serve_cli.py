@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -14,38 +13,11 @@ import httpx
 import pytest
 
 from control.triton.server import free_port
+from control.triton.supervisor import descendants, process_alive
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _children(pid: int) -> set[int]:
-    """All descendants of ``pid`` (from /proc)."""
-    kids: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _serve(engine_dir, run_dir, *extra):
@@ -74,12 +46,12 @@ def test_serve_prints_endpoints_serves_and_stops_on_sigterm_without_orphans(quic
     r = httpx.post(f"{urls['http']}/v2/models/llm/generate", json={"text_input": "import os\n", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200 and r.json()["text_output"]
     assert httpx.get(f"{urls['dashboard']}", timeout=5).status_code == 200
-    kids = _children(p.pid)
+    kids = descendants(p.pid)
     assert len(kids) >= 2  # tritonserver (and its stub) and the control-plane service
     p.send_signal(signal.SIGTERM)
     assert p.wait(60) == 0
     time.sleep(0.5)
-    assert [k for k in kids if _alive(k)] == []
+    assert [k for k in kids if process_alive(k)] == []
     for url in (urls["http"], urls["control"]):
         with pytest.raises(httpx.HTTPError):
             httpx.get(url, timeout=1)
