@@ -86,3 +86,25 @@ def test_non_invariant_path_agrees_numerically():
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     dense = m.forward_train(ids[None])[0]
     torch.testing.assert_close(a, dense, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+@torch.inference_mode()
+def test_wide_layers_in_a_large_batch_stay_invariant(threads):
+    """The full CPU pair's widths (a 1408-wide reduction) with 80+ rows in one pass: MKL splits such a
+    reduction across two threads when a GEMM has 64 rows or more, which changed the bits before every
+    matmul was limited to GEMM_MAX_ROWS rows."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1408, num_hidden_layers=1,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64)
+    m = LlamaForCausalLM(cfg).eval()
+    S, P, T = 16, 6, 5  # 16 requests verifying 5-token blocks: 80 rows in one pass
+    seqs = torch.randint(0, 256, (S, P + T), generator=torch.Generator().manual_seed(1))
+    c = KVCache(cfg, S, P + T)
+    m(seqs[:, :P].reshape(-1), [Segment(s, 0, P) for s in range(S)], c)
+    packed = m(seqs[:, P:].reshape(-1), [Segment(s, P, T) for s in range(S)], c).view(S, T, -1)
+    for s in range(S):
+        alone = KVCache(cfg, 1, P + T)
+        m(seqs[s, :P], [Segment(0, 0, P)], alone)
+        one = torch.cat([m(seqs[s, p: p + 1], [Segment(0, p, 1)], alone) for p in range(P, P + T)])
+        assert torch.equal(packed[s], one), f"request {s}: 80-row pass differs from one token at a time"

@@ -20,17 +20,18 @@ near-ties: without it, fp32 CPU kernels round differently for different batch sh
 other GEMM kernels for very few rows; vectorised element-wise loops compute the scalar tail of a
 thread's chunk with a different exp; attention over a longer key range reduces in another order),
 and any of these can flip a greedy argmax. So the forward
-(1) pads the packed rows to a multiple of ``INVARIANT_ROWS`` before the layers: MKL's fp32 GEMM
-    gives a row the same bits for any row count that is a multiple of 4 (on 1 and 2 threads; with
-    2 threads, 5-7 and 9-11 rows take other kernels), and two threads then split every
-    element-wise op (the SwiGLU exp) into chunks without a scalar tail when widths are multiples
-    of 32;
+(1) pads the packed rows to a multiple of ``GEMM_ROWS`` and runs every matrix product of the
+    target (the linear layers, both attention products) on ``GEMM_ROWS`` or ``GEMM_MAX_ROWS`` rows:
+    MKL picks its fp32 GEMM kernel, and with two threads whether to split the reduction, from the
+    shape, and which shapes agree differs between CPUs (on AVX2 any multiple of 4 rows agreed, on
+    AVX-512 4 and 16 rows differ, and with a 1408-wide reduction on two threads 64 rows differ
+    from 16 while 16 and 32 agree), so each weight sees only those two shapes; two threads then
+    split every element-wise op (the SwiGLU exp) into chunks without a scalar tail when widths
+    are multiples of 32;
 (2) computes attention per request with explicit matmuls, the query at position p over keys
-    0 .. round_up(p + 1, ``KEY_BLOCK``) - 1 (masked beyond p), a range that depends on p alone,
-    with at least ``ATTN_ROWS`` query rows per KV head.
-The padding costs compute at tiny batches (4 rows for 1: about 2x the linear layers' time at batch 1
-on the CPU pair, nothing from batch 4 on). ``tests/executor/test_invariance.py`` checks the
-property on 1 and 2 threads; other thread counts are not verified. Drafts, whose outputs only propose
+    0 .. round_up(p + 1, ``KEY_BLOCK``) - 1 (masked beyond p), a range that depends on p alone.
+The padding costs compute at tiny batches (16 rows for 1) and the bounded shape a call per 32 rows.
+``tests/executor/test_invariance.py`` checks the property on 1 and 2 threads; other thread counts are not verified. Drafts, whose outputs only propose
 tokens, may turn it off for speed (fused SDPA, no padding). On CUDA the same padding is applied but
 cuBLAS makes no such promise: there greedy output can differ at a near-tie (bf16 makes ties likelier).
 """
@@ -162,13 +163,27 @@ class Segment:
     length: int
 
 
-INVARIANT_ROWS = 4  # every linear layer's input is padded to a multiple of this many rows (batch-invariant mode)
-ATTN_ROWS = 4  # minimum query rows per KV head in one attention matmul (batch-invariant mode)
+GEMM_ROWS = 16  # batch-invariant mode: rows are padded to a multiple of this many
+GEMM_MAX_ROWS = 2 * GEMM_ROWS  # batch-invariant mode: every matmul takes GEMM_ROWS or GEMM_MAX_ROWS rows
 KEY_BLOCK = 64  # attention key ranges are padded to a multiple of this (batch-invariant mode)
 
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor, invariant: bool) -> torch.Tensor:
+    """``layer(x)``; batch-invariant: ``x`` (M, in) with M a multiple of GEMM_ROWS, at most GEMM_MAX_ROWS per product."""
+    if not invariant or x.shape[0] <= GEMM_MAX_ROWS:
+        return layer(x)
+    return torch.cat([F.linear(rows, layer.weight) for rows in x.split(GEMM_MAX_ROWS)])
+
+
+def _matmul_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for a (B, M, K), b (B, K, N), M a multiple of GEMM_ROWS, at most GEMM_MAX_ROWS per product."""
+    if a.shape[1] <= GEMM_MAX_ROWS:
+        return torch.matmul(a, b)
+    return torch.cat([torch.matmul(rows, b) for rows in a.split(GEMM_MAX_ROWS, dim=1)], dim=1)
 
 
 class KVCache:
@@ -198,11 +213,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
-    def _qkv(self, x, cos, sin):
+    def _qkv(self, x, cos, sin, invariant: bool = False):
         n = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(n, self.h, self.d), cos, sin)
-        k = apply_rope(self.k_proj(x).view(n, self.hkv, self.d), cos, sin)
-        v = self.v_proj(x).view(n, self.hkv, self.d)
+        q = apply_rope(_linear(self.q_proj, x, invariant).view(n, self.h, self.d), cos, sin)
+        k = apply_rope(_linear(self.k_proj, x, invariant).view(n, self.hkv, self.d), cos, sin)
+        v = _linear(self.v_proj, x, invariant).view(n, self.hkv, self.d)
         return q, k, v
 
     def forward_train(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
@@ -218,7 +233,7 @@ class Attention(nn.Module):
                 invariant: bool = False, tri: torch.Tensor | None = None,
                 window: tuple[int, int] | None = None) -> torch.Tensor:
         """Rows of ``x`` beyond the segments' tokens are padding: their output is zero."""
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self._qkv(x, cos, sin, invariant)
         out = torch.zeros_like(q) if invariant else torch.empty_like(q)
         off = 0
         for seg in segments:
@@ -243,7 +258,7 @@ class Attention(nn.Module):
                                                    enable_gqa=self.hkv != self.h)
             out[off:off + t] = o.transpose(0, 1)
             off += t
-        return self.o_proj(out.reshape(x.shape[0], -1))
+        return _linear(self.o_proj, out.reshape(x.shape[0], -1), invariant)
 
     def _attend_invariant(self, qs, slot: int, start: int, end: int, kc, vc, tri) -> torch.Tensor:
         """Causal attention of queries at positions start..end-1 whose every output row is bitwise
@@ -252,8 +267,8 @@ class Attention(nn.Module):
         The query at position p attends over keys 0 .. round_up(p + 1, KEY_BLOCK) - 1 (the tail is
         masked), a range that depends on p alone, so its matmuls reduce in the same order whether
         it is decoded alone or verified in a block; a block that crosses a KEY_BLOCK boundary is
-        computed in one group per key range. Each group has at least ATTN_ROWS query rows per KV
-        head (padded) so the GEMM kernel does not change with the number of queries.
+        computed in one group per key range. Each group's queries are padded to a multiple of
+        GEMM_ROWS and multiplied at most GEMM_MAX_ROWS rows at a time, so the kernel never changes.
         """
         h, hkv, d = self.h, self.hkv, self.d
         g = h // hkv
@@ -264,15 +279,15 @@ class Attention(nn.Module):
             keys = _round_up(start + r0 + 1, KEY_BLOCK)
             r1 = min(t, keys - start)  # rows whose key range is ``keys``
             n = r1 - r0
-            rows = max(n, -(-ATTN_ROWS // g))
+            rows = _round_up(n, GEMM_ROWS)
             qg = qs[:, r0:r1]
             if rows > n:
                 qg = torch.cat([qg, qg.new_zeros(h, rows - n, d)], dim=1)
-            scores = torch.matmul(qg.reshape(hkv, g * rows, d), kc[slot, :, :keys].transpose(1, 2))
+            scores = _matmul_rows(qg.reshape(hkv, g * rows, d), kc[slot, :, :keys].transpose(1, 2))
             scores = scores.view(h, rows, keys).mul_(d ** -0.5)
             scores.masked_fill_(tri[start + r0:start + r0 + rows, :keys], float("-inf"))
             p = torch.softmax(scores, dim=-1)
-            o = torch.matmul(p.view(hkv, g * rows, keys), vc[slot, :, :keys]).view(h, rows, d)
+            o = _matmul_rows(p.view(hkv, g * rows, keys), vc[slot, :, :keys]).view(h, rows, d)
             out.append(o[:, :n])
             r0 = r1
         return out[0] if len(out) == 1 else torch.cat(out, dim=1)
@@ -285,8 +300,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        gate, up = _linear(self.gate_proj, x, invariant), _linear(self.up_proj, x, invariant)
+        return _linear(self.down_proj, F.silu(gate) * up, invariant)
 
 
 class DecoderLayer(nn.Module):
@@ -375,23 +391,24 @@ class LlamaForCausalLM(nn.Module):
         offsets = torch.cumsum(lengths, 0) - lengths
         positions = (torch.arange(n) - torch.repeat_interleave(offsets - starts, lengths)).to(input_ids.device)
         invariant = self.batch_invariant and window is None
-        pad = _round_up(max(n, 1), INVARIANT_ROWS) - n if invariant else 0
+        pad = _round_up(max(n, 1), GEMM_ROWS) - n if invariant else 0
         if pad:
             positions = torch.cat([positions, positions.new_zeros(pad)])
         cos, sin = self._rope(positions)
         h = self.model.embed_tokens(input_ids)
         if pad:
             h = torch.cat([h, h.new_zeros(pad, h.shape[1])])
-        tri = self._causal_mask(cache.k[0].shape[2] + ATTN_ROWS, input_ids.device)
+        tri = self._causal_mask(cache.k[0].shape[2] + GEMM_ROWS, input_ids.device)
         for i, layer in enumerate(self.model.layers):
             h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, segments, cache.k[i], cache.v[i], invariant, tri,
                                     window)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + layer.mlp(layer.post_attention_layernorm(h), invariant)
         h = self.model.norm(h)
         h = h[logits_at] if logits_at is not None else h[:n]
         m = h.shape[0]
-        if invariant and m % INVARIANT_ROWS:
-            return self.lm_head(torch.cat([h, h.new_zeros(_round_up(m, INVARIANT_ROWS) - m, h.shape[1])]))[:m]
+        if invariant:
+            padded = torch.cat([h, h.new_zeros(_round_up(m, GEMM_ROWS) - m, h.shape[1])]) if m % GEMM_ROWS else h
+            return _linear(self.lm_head, padded, True)[:m]
         return self.lm_head(h)
 
 
