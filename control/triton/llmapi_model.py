@@ -173,7 +173,6 @@ class LlmApiModel(ResponseSender):
     """The Triton Python model for ``executor: trtllm``; ``pb`` is ``triton_python_backend_utils``."""
 
     def __init__(self, pb, args: dict[str, Any]) -> None:
-        from control.executors.trtllm import require_tensorrt_llm
         from control.executors.trtllm.llmapi import load_options
 
         p = self._read_config(pb, args)
@@ -188,7 +187,10 @@ class LlmApiModel(ResponseSender):
             from control.plan import load_plan
 
             plan = load_plan(p.plan)
-        require_tensorrt_llm(f"the llm model (executor: trtllm, {Path(p.llm_api_options).name})")
+        from control.executors.trtllm.version import PINNED, require_release
+
+        self.trtllm_version = p.trtllm_version or PINNED
+        require_release(self.trtllm_version, f"the llm model (executor: trtllm, {Path(p.llm_api_options).name})")
 
         sc = opts.get("speculative_config") or {}
         self.max_k = int(sc.get("max_draft_len", 0) or 0)
@@ -220,7 +222,7 @@ class LlmApiModel(ResponseSender):
 
         from control.executors.trtllm.llmapi import LlmApiExecutor
 
-        self.executor = LlmApiExecutor(self.model_path, opts, drafter=drafter)
+        self.executor = LlmApiExecutor(self.model_path, opts, drafter=drafter, version=self.trtllm_version)
         ex = self.executor
         self.vocab = ex.vocab_size
         self.max_len = ex.max_seq_len
@@ -314,7 +316,7 @@ class LlmApiModel(ResponseSender):
         finally:
             self.live.pop(lv.rid, None)
             if self.planner is not None and lv.handle is not None:
-                self.planner.set_cap(lv.handle.request_id, None)
+                self.planner.forget(lv.handle.request_id)
             # Break the cycle _Live -> task -> this frame -> _Live: Triton frees a request's response
             # factory when its sender is released, and will not unload the model while any is left.
             lv.task = None
@@ -328,7 +330,9 @@ class LlmApiModel(ResponseSender):
 
     def _deliver(self, lv: _Live, new: list[int], done: bool) -> None:
         m = lv.handle.metrics
-        if m is not None:
+        if self.planner is not None:  # the hook counted what it drafted and what the target accepted
+            lv.drafted, lv.accepted = self.planner.totals.get(lv.handle.request_id, (0, 0))
+        elif m is not None:
             lv.drafted, lv.accepted = m.drafted, m.accepted
         delta = lv.detok.push(new, final=done)
         try:
