@@ -60,7 +60,7 @@ class DecodingBaseConfig(StrictBaseModel):
 
     @field_validator("draft_len_schedule")
     @classmethod
-    def _schedule(cls, v, info):
+    def validate_draft_len_schedule_and_sort(cls, v, info):
         if v is None:
             return v
         for b, k in v.items():
