@@ -126,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", required=True, type=Path, help="TensorRT-LLM source tree (repository layout)")
     ap.add_argument("--version", required=True, help="the contract to check or rewrite, e.g. 1.2.1")
+    ap.add_argument("--contract", type=Path, help="the contract file (default: the repository's for --version)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 listing contract names the source lacks")
     mode.add_argument("--write", action="store_true", help="rewrite the contract from the source")
     args = ap.parse_args(argv)
-    path = CONTRACT_DIR / f"trtllm-{args.version}.json"
+    path = args.contract or CONTRACT_DIR / f"trtllm-{args.version}.json"
     if not path.is_file():
         print(f"no contract {path.name}; have: {', '.join(p.name for p in sorted(CONTRACT_DIR.glob('*.json')))}",
               file=sys.stderr)
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--root {args.root} is not a directory; give a TensorRT-LLM source tree", file=sys.stderr)
         return 2
     contract = json.loads(path.read_text())
+    if contract.get("version") != args.version:
+        print(f"{path.name} is the contract of {contract.get('version')!r}, not --version {args.version}", file=sys.stderr)
+        return 2
     derived, missing = derive(args.root, contract)
     for m in missing:
         print(f"missing: {m}")
