@@ -26,8 +26,8 @@ from control.buildsys.memfit import MemoryFit
 from control.buildsys.profiles import ResolvedProfile
 from control.buildsys.recipe import Recipe
 from control.buildsys.trtllm_rules import Method
-from control.executors.trtllm.version import PINNED
 from control.executors.trtllm.tensors import TRTLLM_INPUTS, TRTLLM_OUTPUTS
+from control.executors.trtllm.version import PINNED
 
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "nvfp4": "bfloat16"}
 

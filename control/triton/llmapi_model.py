@@ -6,8 +6,9 @@ the model's vocabulary and ``max_seq_len`` with the reference engine's messages,
 same one-line errors on either data plane. What differs is the loop:
 
 - ``initialize`` reads the config's parameters (``llm_api_options``, ``model``, ``plan``,
-  ``control``), then needs TensorRT-LLM: without it the model fails to load with one line saying
-  so and what to install. It builds the agent from the build's plan (its profile, policy and K) and
+  ``control``, ``trtllm_version``), then needs TensorRT-LLM of the release the build recorded
+  (``trtllm_version``; empty: the pinned 1.2.1): without it, or with another release installed, the
+  model fails to load with one line saying what it found and what it needs. It builds the agent from the build's plan (its profile, policy and K) and
   ``LlmApiExecutor`` (``control/executors/trtllm/llmapi.py``), and starts one asyncio event loop in a
   thread of its own (one per model instance).
 - ``execute`` validates each request on Triton's thread (a bad one gets its error at once) and hands
@@ -31,8 +32,9 @@ How k is controlled (``choose_control``; reported by a ``stats`` request):
   time. That is the only knob for one-model EAGLE3 and MTP, whose drafting runs inside the target's
   forward pass; draft-target keeps TensorRT-LLM's own draft model and the schedule, because no
   in-process draft-model proposer exists for the hook yet. Per-request acceptance
-  (``request_perf_metrics.speculative_decoding``) feeds the agent's telemetry when each request
-  ends (``Agent.observe_positions``), so the control plane sees acceptance; the plans it pushes
+  (``request_perf_metrics.speculative_decoding``; where 1.2.x returns those totals zeroed, the
+  estimate from ``avg_decoded_tokens_per_iter``, see ``spec_metrics``) feeds the agent's telemetry
+  when each request ends (``Agent.observe_positions``), so the control plane sees acceptance; the plans it pushes
   change nothing in TensorRT-LLM until the deployment is rebuilt, and ``num_draft_tokens`` cannot
   be applied (counted as ``uncapped`` in the stats).
 """

@@ -139,3 +139,13 @@ def test_the_script_checks_and_rewrites_a_contract_from_a_source_tree(tmp_path, 
     rewritten = {e["id"]: e for e in yaml.safe_load(contract.read_text())["names"]}
     assert "max_total_draft_tokens" not in rewritten["Drafter"]["init"] and "max_draft_len" in rewritten["Drafter"]["init"]
     assert mod.main(["--root", str(root), "--version", "1.3.0", "--contract", str(contract)]) == 2
+
+
+def test_docs_gpu_lists_every_contract_name():
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    table = doc[doc.index("## TensorRT-LLM names the code relies on"):doc.index("## What has run where")]
+    rows = [r for r in table.splitlines() if r.startswith("| `")]
+    for e in load_contract(PINNED)["names"]:
+        name = e.get("class", e["id"])
+        assert any(f".{name}`" in r or f"`{name}`" in r for r in rows if f"`{e['file']}`" in r), e["id"]
+    assert all(r.endswith("| no |") for r in rows)  # nothing has run on a GPU yet

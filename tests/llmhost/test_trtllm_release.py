@@ -136,9 +136,8 @@ def test_build_records_and_prints_the_pinned_release(tmp_path, capsys, backend):
 
 
 def test_the_model_refuses_another_installed_release():
-    with standin("1.3.0+standin"):
-        with pytest.raises(ConfigError) as e:
-            require_release(PINNED, "the llm model (executor: trtllm, llm_api_options.yaml)")
+    with standin("1.3.0+standin"), pytest.raises(ConfigError) as e:
+        require_release(PINNED, "the llm model (executor: trtllm, llm_api_options.yaml)")
     msg = str(e.value)
     assert "\n" not in msg and "built for TensorRT-LLM 1.2.1 but 1.3.0+standin is installed" in msg
     assert "tensorrt_llm==1.2.1" in msg

@@ -11,6 +11,13 @@ Our drafter asks the controller for k per request, then drafts that many tokens 
 asks the policy, and turns what the target accepted last iteration into a ``StepOutcome``.
 ``make_drafter`` wraps it in TensorRT-LLM's ``Drafter`` class and needs TensorRT-LLM.
 
+Padding: right after ``prepare_draft_tokens`` the executor calls the base's
+``pad_draft_tokens_for_cuda_graph``, which pads every request's draft with zeros to the static
+maximum the drafter was built with (``drafter_init_kwargs``), so the k chosen per request changes
+what is drafted and accepted, not how many positions the target verifies (max_draft_len for every
+request). The planner's per-request totals (``KPlanner.totals``) count the drafts before padding;
+TensorRT-LLM's own perf totals are zero on 1.2.x.
+
 Which methods can use it: the hook replaces TensorRT-LLM's own drafter, so it serves methods whose
 drafts we can produce in process: n-gram prompt lookup (``ngram_proposer``), or a draft model given
 a ``Proposer`` for it (none ships yet for the LLM API path, so draft-target deployments keep

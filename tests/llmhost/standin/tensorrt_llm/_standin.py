@@ -163,7 +163,6 @@ class _Schedule:
 
     def __init__(self, schedule: dict, max_k: int) -> None:
         from control.buildsys.trtllm_rules import lookup
-
         from tensorrt_llm._release import current
 
         self.schedule = {int(b): int(k) for b, k in (schedule or {1: max_k}).items()}
