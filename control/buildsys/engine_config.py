@@ -27,6 +27,7 @@ from control.buildsys.profiles import ResolvedProfile
 from control.buildsys.recipe import Recipe
 from control.buildsys.trtllm_rules import Method
 from control.executors.trtllm.tensors import TRTLLM_INPUTS, TRTLLM_OUTPUTS
+from control.executors.trtllm.version import PINNED
 
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "nvfp4": "bfloat16"}
 
@@ -138,7 +139,7 @@ def bls_config(recipe: Recipe, *, draft_model: str | None) -> str:
     ]) + "\n"
 
 
-def tensorrt_artifacts(recipe: Recipe, resolved: ResolvedProfile, fit: MemoryFit) -> BuildArtifacts:
+def tensorrt_artifacts(recipe: Recipe, resolved: ResolvedProfile, fit: MemoryFit, version: str = PINNED) -> BuildArtifacts:
     from importlib import resources
 
     art = BuildArtifacts()
@@ -170,9 +171,9 @@ def tensorrt_artifacts(recipe: Recipe, resolved: ResolvedProfile, fit: MemoryFit
                           raw=f'sed -i "s|@OUT@|$OUT|g" {configs} "$OUT/plan.yaml"'))
     art.add("specctl.yaml", yaml.safe_dump({
         "schema": "specctl.deployment/v1", "sku": recipe.sku, "pair": recipe.pair, "backend": "tensorrt",
-        "trtllm_line": "1.2", "method": spec.method.value,
+        "trtllm_version": version, "trtllm_line": "1.2", "method": spec.method.value,
         "control": "bls-per-step" if spec.method != Method.eagle else "engine",
         "plan": "plan.yaml", "profile": resolved.describe(), "memory_fit": fit.lines(),
     }, sort_keys=False))
-    art.add("build.sh", art.script(f"{recipe.sku}/{recipe.pair}: TensorRT-LLM 1.2 engines"))
+    art.add("build.sh", art.script(f"{recipe.sku}/{recipe.pair}: TensorRT-LLM {version} engines"))
     return art

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from control.errors import ConfigError, MissingDependencyError
+from control.executors.trtllm.version import PINNED, SUPPORTED
 
 
 def register_recipe_args(p: argparse.ArgumentParser) -> None:
@@ -25,8 +26,8 @@ def register_recipe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", choices=("pytorch", "tensorrt", "reference"),
                    help="pytorch: LLM API config (default on GPU SKUs); tensorrt: TensorRT engines (TensorRT-LLM 1.2.x); "
                         "reference: the cpu pair")
-    g.add_argument("--trtllm-line", choices=("1.2", "1.3"),
-                   help="TensorRT-LLM release line the output targets (default: 1.3 for pytorch, 1.2 for tensorrt)")
+    g.add_argument("--trtllm-version", choices=tuple(SUPPORTED), default=PINNED,
+                   help=f"TensorRT-LLM release the output targets and records (default: {PINNED}, the pinned release)")
     g.add_argument("--profile", help="profile YAML to compile the plan from (default: measured under "
                                      "profiles/<sku>/, roofline otherwise)")
     g.add_argument("--profiles-dir", help="where measured profiles live (default: the repository's profiles/)")
@@ -41,28 +42,29 @@ def _generate(args: argparse.Namespace):
     from control.buildsys.memfit import require_fit
     from control.buildsys.profiles import resolve_profile
     from control.buildsys.recipe import load_recipe
-    from control.buildsys.trtllm_rules import default_line
+    from control.executors.trtllm.version import line_of
 
     recipe = load_recipe(args.recipe)
     backend = args.backend or ("reference" if recipe.is_cpu else "pytorch")
     recipe.check_backend(backend)
     if recipe.is_cpu:
         return recipe, backend, None, None, _cpu_artifacts(recipe, args)
-    line = args.trtllm_line or default_line(backend)
+    version = args.trtllm_version
+    line = line_of(version)
     if backend == "tensorrt" and line != "1.2":
         raise ConfigError(f"--backend tensorrt needs TensorRT-LLM 1.2.x (trtllm-build and the Triton C++ backend were "
-                          f"removed in 1.3); got --trtllm-line {line}")
+                          f"removed in 1.3); got --trtllm-version {version}")
     fit = require_fit(recipe, backend)
     resolved = resolve_profile(recipe, args.profiles_dir, args.profile)
     if backend == "pytorch":
         from control.buildsys.llmapi_config import pytorch_artifacts
 
-        art = pytorch_artifacts(recipe, resolved, line, fit)
+        art = pytorch_artifacts(recipe, resolved, line, fit, version=version)
     else:
         from control.buildsys.engine_config import tensorrt_artifacts
 
-        art = tensorrt_artifacts(recipe, resolved, fit)
-    return recipe, backend, line, (fit, resolved), art
+        art = tensorrt_artifacts(recipe, resolved, fit, version=version)
+    return recipe, backend, version, (fit, resolved), art
 
 
 def _cpu_artifacts(recipe, args):
@@ -83,12 +85,12 @@ def run_recipe(args: argparse.Namespace) -> int:
         raise ConfigError("--recipe FILE is required for this build (see build/recipes/)")
     if not args.out:
         raise ConfigError("--out DIR is required: where the configs, commands and Triton repository go")
-    recipe, backend, line, extra, art = _generate(args)
+    recipe, backend, version, extra, art = _generate(args)
     from rich.console import Console
 
     con = Console(highlight=False, soft_wrap=True)
     head = f"specctl build: {recipe.sku}/{recipe.pair} ({recipe.method.value}), backend {backend}"
-    con.print(f"[bold]{head}[/bold]" + (f", TensorRT-LLM {line}" if line else ""))
+    con.print(f"[bold]{head}[/bold]" + (f", TensorRT-LLM {version}" if version else ""))
     if extra is not None:
         fit, resolved = extra
         for row in fit.lines():

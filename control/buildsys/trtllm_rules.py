@@ -112,8 +112,11 @@ def check_line(line: str) -> str:
 
 
 def default_line(backend: str) -> str:
-    """1.3 for the LLM API (current line), 1.2 for engines (the last line with trtllm-build)."""
-    return "1.2" if backend == "tensorrt" else "1.3"
+    """The pinned release's line on both backends (``control.executors.trtllm.version.PINNED``: 1.2.1,
+    the last release, and the last with trtllm-build); 1.3 pre-releases are not pinned."""
+    from control.executors.trtllm.version import PINNED, line_of
+
+    return line_of(PINNED)
 
 
 def one_model(method: Method, line: str) -> bool:

@@ -6,8 +6,9 @@ the model's vocabulary and ``max_seq_len`` with the reference engine's messages,
 same one-line errors on either data plane. What differs is the loop:
 
 - ``initialize`` reads the config's parameters (``llm_api_options``, ``model``, ``plan``,
-  ``control``), then needs TensorRT-LLM: without it the model fails to load with one line saying
-  so and what to install. It builds the agent from the build's plan (its profile, policy and K) and
+  ``control``, ``trtllm_version``), then needs TensorRT-LLM of the release the build recorded
+  (``trtllm_version``; empty: the pinned 1.2.1): without it, or with another release installed, the
+  model fails to load with one line saying what it found and what it needs. It builds the agent from the build's plan (its profile, policy and K) and
   ``LlmApiExecutor`` (``control/executors/trtllm/llmapi.py``), and starts one asyncio event loop in a
   thread of its own (one per model instance).
 - ``execute`` validates each request on Triton's thread (a bad one gets its error at once) and hands
@@ -31,8 +32,9 @@ How k is controlled (``choose_control``; reported by a ``stats`` request):
   time. That is the only knob for one-model EAGLE3 and MTP, whose drafting runs inside the target's
   forward pass; draft-target keeps TensorRT-LLM's own draft model and the schedule, because no
   in-process draft-model proposer exists for the hook yet. Per-request acceptance
-  (``request_perf_metrics.speculative_decoding``) feeds the agent's telemetry when each request
-  ends (``Agent.observe_positions``), so the control plane sees acceptance; the plans it pushes
+  (``request_perf_metrics.speculative_decoding``; where 1.2.x returns those totals zeroed, the
+  estimate from ``avg_decoded_tokens_per_iter``, see ``spec_metrics``) feeds the agent's telemetry
+  when each request ends (``Agent.observe_positions``), so the control plane sees acceptance; the plans it pushes
   change nothing in TensorRT-LLM until the deployment is rebuilt, and ``num_draft_tokens`` cannot
   be applied (counted as ``uncapped`` in the stats).
 """
@@ -173,7 +175,6 @@ class LlmApiModel(ResponseSender):
     """The Triton Python model for ``executor: trtllm``; ``pb`` is ``triton_python_backend_utils``."""
 
     def __init__(self, pb, args: dict[str, Any]) -> None:
-        from control.executors.trtllm import require_tensorrt_llm
         from control.executors.trtllm.llmapi import load_options
 
         p = self._read_config(pb, args)
@@ -188,7 +189,10 @@ class LlmApiModel(ResponseSender):
             from control.plan import load_plan
 
             plan = load_plan(p.plan)
-        require_tensorrt_llm(f"the llm model (executor: trtllm, {Path(p.llm_api_options).name})")
+        from control.executors.trtllm.version import PINNED, require_release
+
+        self.trtllm_version = p.trtllm_version or PINNED
+        require_release(self.trtllm_version, f"the llm model (executor: trtllm, {Path(p.llm_api_options).name})")
 
         sc = opts.get("speculative_config") or {}
         self.max_k = int(sc.get("max_draft_len", 0) or 0)
@@ -220,7 +224,7 @@ class LlmApiModel(ResponseSender):
 
         from control.executors.trtllm.llmapi import LlmApiExecutor
 
-        self.executor = LlmApiExecutor(self.model_path, opts, drafter=drafter)
+        self.executor = LlmApiExecutor(self.model_path, opts, drafter=drafter, version=self.trtllm_version)
         ex = self.executor
         self.vocab = ex.vocab_size
         self.max_len = ex.max_seq_len
@@ -314,7 +318,7 @@ class LlmApiModel(ResponseSender):
         finally:
             self.live.pop(lv.rid, None)
             if self.planner is not None and lv.handle is not None:
-                self.planner.set_cap(lv.handle.request_id, None)
+                self.planner.forget(lv.handle.request_id)
             # Break the cycle _Live -> task -> this frame -> _Live: Triton frees a request's response
             # factory when its sender is released, and will not unload the model while any is left.
             lv.task = None
@@ -328,7 +332,9 @@ class LlmApiModel(ResponseSender):
 
     def _deliver(self, lv: _Live, new: list[int], done: bool) -> None:
         m = lv.handle.metrics
-        if m is not None:
+        if self.planner is not None:  # the hook counted what it drafted and what the target accepted
+            lv.drafted, lv.accepted = self.planner.totals.get(lv.handle.request_id, (0, 0))
+        elif m is not None:
             lv.drafted, lv.accepted = m.drafted, m.accepted
         delta = lv.detok.push(new, final=done)
         try:

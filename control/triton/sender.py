@@ -52,6 +52,7 @@ class ModelParams:
     model: str = ""
     plan: str = ""
     control: str = "static-schedule"
+    trtllm_version: str = ""  # the TensorRT-LLM release the deployment was built for (empty: the pinned one)
     sku: str = ""
     pair: str = ""
     cancel_check_ms: int = 50

@@ -59,8 +59,9 @@ def install_model(repo: Path, deploy: Path, name: str, engines: Path, *, options
         shutil.copytree(STANDIN / "tensorrt_llm", dst / "1" / "tensorrt_llm")
     opts = yaml.safe_load((deploy / "llm_api_options.yaml").read_text())
     sc = opts.get("speculative_config") or {}
-    if "speculative_model" in sc:
-        sc["speculative_model"] = str(engines / "draft")
+    for key in ("speculative_model", "speculative_model_dir"):  # 1.3's name, and 1.2's (which 1.2.1 still accepts)
+        if key in sc:
+            sc[key] = str(engines / "draft")
     opts.update(options or {})
     opts_path = deploy / f"llm_api_options-{name}.yaml"
     opts_path.write_text(yaml.safe_dump(opts, sort_keys=False))

@@ -11,6 +11,13 @@ Our drafter asks the controller for k per request, then drafts that many tokens 
 asks the policy, and turns what the target accepted last iteration into a ``StepOutcome``.
 ``make_drafter`` wraps it in TensorRT-LLM's ``Drafter`` class and needs TensorRT-LLM.
 
+Padding: right after ``prepare_draft_tokens`` the executor calls the base's
+``pad_draft_tokens_for_cuda_graph``, which pads every request's draft with zeros to the static
+maximum the drafter was built with (``drafter_init_kwargs``), so the k chosen per request changes
+what is drafted and accepted, not how many positions the target verifies (max_draft_len for every
+request). The planner's per-request totals (``KPlanner.totals``) count the drafts before padding;
+TensorRT-LLM's own perf totals are zero on 1.2.x.
+
 Which methods can use it: the hook replaces TensorRT-LLM's own drafter, so it serves methods whose
 drafts we can produce in process: n-gram prompt lookup (``ngram_proposer``), or a draft model given
 a ``Proposer`` for it (none ships yet for the LLM API path, so draft-target deployments keep
@@ -38,6 +45,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from control.errors import ConfigError
 from control.executors.trtllm import require_tensorrt_llm
 from control.executors.trtllm.orchestrator import ngram_propose
 from control.policy.types import I64, Policy, StepOutcome, StepView
@@ -65,6 +73,8 @@ class KPlanner:
         self._last_call: float | None = None
         self._draft_ms = 0.0  # the proposer's time in the previous iteration
         self.last_k = np.zeros(0, dtype=I64)  # the last iteration's k per request (for stats)
+        self._client: dict[int, int] = {}  # executor request id -> LLM API request id
+        self.totals: dict[int, list[int]] = {}  # LLM API request id -> [drafted, accepted] so far
 
     def set_cap(self, client_id: int, cap: int | None) -> None:
         """Cap k for one request (its LLM API request id); None removes the cap."""
@@ -92,6 +102,7 @@ class KPlanner:
         for rid in [r for r in self._slot if r not in live]:  # finished requests give their slot back
             self._free.append(self._slot.pop(rid))
             self._pending.pop(rid, None)
+            self._client.pop(rid, None)
         out = np.empty(len(rids), dtype=I64)
         for i, rid in enumerate(rids):
             if rid not in self._slot:
@@ -112,9 +123,25 @@ class KPlanner:
         self.last_k = k
         return k
 
+    def bind(self, rids: Sequence[int], client_ids: Sequence[int]) -> None:
+        """Which LLM API request each executor request is (for per-request totals)."""
+        for rid, cid in zip(rids, client_ids, strict=True):
+            self._client[int(rid)] = int(cid)
+
+    def forget(self, client_id: int) -> None:
+        """A finished request's totals and cap go."""
+        self.totals.pop(int(client_id), None)
+        self.caps.pop(int(client_id), None)
+
+    def _total(self, rid: int) -> list[int]:
+        return self.totals.setdefault(self._client.get(rid, rid), [0, 0])
+
     def drafted(self, rids: Sequence[int], counts) -> None:
+        """What each request drafted this iteration (before padding): TensorRT-LLM's perf totals are
+        zero on 1.2.x, so these counts are the request's speculation totals."""
         for rid, c in zip(rids, counts, strict=True):
             self._pending[int(rid)] = int(c)
+            self._total(int(rid))[0] += int(c)
 
     def accepted(self, rids: Sequence[int], accepted, ctx_lens, total_ms: float = float("nan"),
                  draft_ms: float = 0.0) -> None:
@@ -127,11 +154,28 @@ class KPlanner:
         ids = np.asarray([rids[i] for i in keep], dtype=I64)
         drafted = np.asarray([self._pending.pop(rids[i]) for i in keep], dtype=I64)
         acc = np.minimum(np.asarray(accepted, dtype=I64)[keep], drafted)
+        for rid, a in zip(ids.tolist(), acc.tolist(), strict=True):
+            self._total(rid)[1] += a
         self.policy.observe(StepOutcome(
             slots=np.asarray([self._slot[r] for r in ids], dtype=I64), request_ids=ids,
             drafter=np.zeros(ids.size, dtype=I64), ctx_lens=np.asarray(ctx_lens, dtype=I64)[keep],
             drafted=drafted, verified=drafted, accepted=acc, step=self._step, now=time.monotonic(),
             total_ms=total_ms, draft_ms=draft_ms, verify_ms=total_ms - draft_ms))
+
+
+def drafter_init_kwargs(max_k: int) -> dict:
+    """``Drafter.__init__`` arguments for our hook (the pinned release's constructor, see
+    ``contract/trtllm-1.2.1.json``): a linear draft of at most ``max_k`` tokens, so
+    ``max_total_draft_tokens`` = ``max_draft_len`` (``UserProvidedDecodingConfig`` sets the same), which
+    the base keeps as ``_static_max_total_draft_tokens``: ``pad_draft_tokens_for_cuda_graph`` pads every
+    request's draft to it right after ``prepare_draft_tokens``, so the target verifies ``max_k`` tokens
+    per request whatever k we chose. ``max_concurrency`` None keeps speculation on at every batch size
+    (``should_use_spec_decode``; the controller turns it off per request with k = 0); no
+    ``draft_len_schedule``: the hook decides k every iteration."""
+    k = int(max_k)
+    if k < 1:
+        raise ConfigError(f"the drafter hook needs max_draft_len >= 1 (got {k}); set speculative_config.max_draft_len")
+    return {"max_draft_len": k, "max_total_draft_tokens": k, "max_concurrency": None, "draft_len_schedule": None}
 
 
 def make_drafter(planner: KPlanner, proposer: Proposer):
@@ -140,11 +184,12 @@ def make_drafter(planner: KPlanner, proposer: Proposer):
     from tensorrt_llm._torch.speculative.drafter import Drafter
 
     class SpecctlDrafter(Drafter):
+        # The target's TorchSampler rewinds the KV cache by the padded draft length, so the executor must
+        # extend KV capacity after padding (read by releases that have the flag; ignored by 1.2.1's base).
+        _needs_padding_kv_extension = True
+
         def __init__(self) -> None:
-            # Drafter.__init__(max_concurrency=None): None keeps speculation on at every batch size
-            # (``should_use_spec_decode``); the controller turns it off per request with k = 0.
-            super().__init__(max_concurrency=None)
-            self.max_draft_len = planner.max_k  # what ``pad_draft_tokens_for_cuda_graph`` pads to
+            super().__init__(**drafter_init_kwargs(planner.max_k))
 
         def prepare_draft_tokens(self, scheduled_requests, resource_manager=None) -> None:
             reqs = list(scheduled_requests.generation_requests)
@@ -160,6 +205,7 @@ def make_drafter(planner: KPlanner, proposer: Proposer):
                              total_ms, draft_ms)
             remaining = np.fromiter((max(int(r.py_max_new_tokens) - (t.size - int(r.py_orig_prompt_len)), 1)
                                      for r, t in zip(reqs, tokens, strict=True)), I64, len(reqs))
+            planner.bind(rids, cids)
             k = planner.plan(rids, ctx, remaining, k_cap=planner.caps_for(cids))
             t0 = time.perf_counter()
             counts = []

@@ -7,7 +7,9 @@
   parameters are validated here (one-line errors naming the value) before TensorRT-LLM sees them;
 - per-request speculation metrics: ``SamplingParams(return_perf_metrics=True)`` makes
   ``output.request_perf_metrics.speculative_decoding`` carry acceptance_rate,
-  total_accepted_draft_tokens and total_draft_tokens, which go to the controller's telemetry;
+  total_accepted_draft_tokens and total_draft_tokens, which go to the controller's telemetry; the
+  PyTorch flow of the pinned 1.2.1 returns them zeroed (filled from PR #17082 on), so where they are
+  zero the outcome is estimated from ``avg_decoded_tokens_per_iter`` and ``decoding_iter``;
 - iteration stats: ``enable_iter_perf_stats`` in the options and ``LLM.get_stats``.
 
 Import-guarded: building an ``LlmApiExecutor`` without TensorRT-LLM raises MissingDependencyError.
@@ -34,7 +36,7 @@ import numpy as np
 import yaml
 
 from control.errors import ConfigError, SpecctlError
-from control.executors.trtllm import require_tensorrt_llm
+from control.executors.trtllm.version import PINNED, require_release
 
 # decoding_type -> TensorRT-LLM config class (tensorrt_llm/llmapi/llm_args.py)
 DECODING_CLASSES = {"Draft_Target": "DraftTargetDecodingConfig", "Eagle3": "Eagle3DecodingConfig",
@@ -44,19 +46,21 @@ NESTED_CLASSES = {"kv_cache_config": "KvCacheConfig", "cuda_graph_config": "Cuda
 
 @dataclass(frozen=True, slots=True)
 class SpecMetrics:
-    """Per-request speculation outcome, as TensorRT-LLM reports it at the end of a request."""
+    """Per-request speculation outcome, as TensorRT-LLM reports it at the end of a request.
+
+    ``source``: ``totals`` (``request_perf_metrics.speculative_decoding``) or ``per-iteration``
+    (estimated from ``avg_decoded_tokens_per_iter`` where the release returns zero totals)."""
 
     drafted: int
     accepted: int
+    source: str = "totals"
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-def spec_metrics(output: Any) -> SpecMetrics | None:
-    """Read ``request_perf_metrics.speculative_decoding`` from a RequestOutput (or one of its
-    completions); None when the request asked for no perf metrics or did not speculate."""
+def _totals(output: Any) -> SpecMetrics | None:
     for holder in (output, *getattr(output, "outputs", ())):
         perf = getattr(holder, "request_perf_metrics", None)
         sd = getattr(perf, "speculative_decoding", None) if perf is not None else None
@@ -64,6 +68,37 @@ def spec_metrics(output: Any) -> SpecMetrics | None:
             return SpecMetrics(int(getattr(sd, "total_draft_tokens", 0) or 0),
                                int(getattr(sd, "total_accepted_draft_tokens", 0) or 0))
     return None
+
+
+def per_iteration_metrics(avg_tokens_per_iter: float | None, iterations: int | None, max_k: int) -> SpecMetrics | None:
+    """A request's speculation from ``RequestOutput.avg_decoded_tokens_per_iter`` and ``decoding_iter``
+    (``tensorrt_llm/executor/result.py`` sets both from every response).
+
+    Each iteration yields one target token plus the drafts it accepted, so accepted = (avg - 1) *
+    iterations. Every iteration's draft is padded to the static maximum (``Drafter
+    .pad_draft_tokens_for_cuda_graph``), so the target verified ``max_k`` positions per iteration:
+    drafted = iterations * max_k, which under-states the rate where a schedule drafted fewer.
+    None without speculation (``max_k`` 0) or without the two numbers.
+    """
+    if not avg_tokens_per_iter or not iterations or max_k <= 0:
+        return None
+    iters = int(iterations)
+    drafted = iters * int(max_k)
+    accepted = min(max(int(round((float(avg_tokens_per_iter) - 1.0) * iters)), 0), drafted)
+    return SpecMetrics(drafted, accepted, "per-iteration")
+
+
+def spec_metrics(output: Any, max_k: int = 0) -> SpecMetrics | None:
+    """Read a RequestOutput's speculation: ``request_perf_metrics.speculative_decoding`` totals where they
+    are filled; where they are zero (the PyTorch flow on 1.2.x, before TensorRT-LLM PR #17082) or
+    absent, the per-iteration estimate; None when the request asked for no perf metrics and carries
+    no per-iteration numbers, or did not speculate."""
+    totals = _totals(output)
+    if totals is not None and totals.drafted > 0:
+        return totals
+    est = per_iteration_metrics(getattr(output, "avg_decoded_tokens_per_iter", None),
+                                getattr(output, "decoding_iter", None), max_k)
+    return est if est is not None else totals
 
 
 def chain_positions(drafted: int, accepted: int, steps: int, max_k: int) -> tuple[list[int], list[int]]:
@@ -192,8 +227,9 @@ class LlmApiStream:
     finished, ``finish_reason`` and ``metrics`` (None when the request did not speculate) are set.
     """
 
-    def __init__(self, output: Any) -> None:
+    def __init__(self, output: Any, max_k: int = 0) -> None:
         self.output = output
+        self.max_k = max_k
         self.request_id = int(output.request_id)
         self.sent = 0
         self.finish_reason: str | None = None
@@ -208,7 +244,7 @@ class LlmApiStream:
             ids = c.token_ids
             new = list(ids[self.sent:]) if len(ids) > self.sent else []
             self.sent = max(self.sent, len(ids))
-            m = spec_metrics(out)
+            m = spec_metrics(out, self.max_k)
             if m is not None:
                 self.metrics = m
             done = bool(out.finished)
@@ -223,8 +259,8 @@ class LlmApiExecutor:
     """TensorRT-LLM's LLM API with our telemetry. Needs TensorRT-LLM and a GPU."""
 
     def __init__(self, model: str, options: dict[str, Any] | str | Path, *, drafter=None,
-                 on_metrics: Callable[[int, SpecMetrics], None] | None = None) -> None:
-        trtllm = require_tensorrt_llm("the LLM API executor")
+                 on_metrics: Callable[[int, SpecMetrics], None] | None = None, version: str = PINNED) -> None:
+        trtllm = require_release(version, "the LLM API executor")
         from tensorrt_llm import llmapi
 
         opts = load_options(options) if isinstance(options, str | Path) else dict(options)
@@ -235,6 +271,7 @@ class LlmApiExecutor:
         self._SamplingParams = trtllm.SamplingParams
         self.on_metrics = on_metrics
         self.max_seq_len: int | None = opts.get("max_seq_len")
+        self.max_k = int((opts.get("speculative_config") or {}).get("max_draft_len", 0) or 0)
         self.vocab_size: int | None = model_vocab_size(model)
 
     # -- tokenizer (the model's, as TensorRT-LLM loaded it) ------------------------------------------
@@ -249,7 +286,8 @@ class LlmApiExecutor:
         """Submit one request (call from the event loop that will iterate it); ValueError etc. from
         TensorRT-LLM for a request it refuses."""
         params = self._SamplingParams(**sampling_kwargs(**sampling))
-        return LlmApiStream(self.llm.generate_async(list(prompt_ids), sampling_params=params, streaming=True))
+        return LlmApiStream(self.llm.generate_async(list(prompt_ids), sampling_params=params, streaming=True),
+                            self.max_k)
 
     async def stream(self, request_id: int, prompt_ids: list[int], **sampling) -> AsyncIterator[list[int]]:
         """Yield new token ids as they are generated; report speculation metrics at the end."""

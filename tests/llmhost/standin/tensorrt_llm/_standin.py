@@ -7,17 +7,22 @@ What it mimics (from ``tensorrt_llm/llmapi/llm.py``, ``tensorrt_llm/executor/res
   safetensors, tokenizer.json); options it does not know are refused, as ``LlmArgs`` refuses them.
   ``speculative_config``: ``DraftTargetDecodingConfig`` (``speculative_model`` = the draft's
   checkpoint) and ``NGramDecodingConfig`` run the reference engine's draft model / prompt lookup with
-  k from ``draft_len_schedule`` (1.3 semantics: the first key >= the batch size, 0 above the last);
-  ``UserProvidedDecodingConfig(drafter=...)`` calls ``drafter.prepare_draft_tokens`` every
-  iteration with the generation requests (``py_request_id``, ``py_client_id`` = the API request
-  id, ``get_tokens(0)``, ``py_max_new_tokens``, ``py_orig_prompt_len``,
-  ``py_num_accepted_draft_tokens``) and uses ``len(py_draft_tokens)`` as each request's k; the
-  tokens verified are the reference engine's prompt-lookup drafts of that length (the same lookup
-  as the project's n-gram proposer).
+  k from ``draft_len_schedule`` under the release's semantics (``_release.py``: 1.2.1 keys are
+  lower bounds, 1.3 keys upper bounds with 0 above the last); the config classes are strict
+  (``_configs.py``). ``UserProvidedDecodingConfig(drafter=...)`` calls
+  ``drafter.prepare_draft_tokens`` every iteration with the generation requests
+  (``py_request_id``, ``py_client_id`` = the API request id, ``get_tokens(0)``,
+  ``py_max_new_tokens``, ``py_orig_prompt_len``, ``py_num_accepted_draft_tokens``), then, as the
+  executor does, ``drafter.pad_draft_tokens_for_cuda_graph`` with a resource manager: every draft
+  is padded to the drafter's static maximum (a drafter built without it fails there). Each
+  request's k is its draft length before padding (the reference engine verifies its own
+  prompt-lookup drafts of that length, the same lookup as the project's n-gram proposer); the
+  padding is counted (``padded_draft_tokens``), since on a GPU the target verifies it too.
 - ``generate_async(prompt_ids_or_text, sampling_params, streaming=True)`` returns a result that is
   an async iterator over its own updates (``request_id``, ``outputs[0].token_ids`` cumulative,
-  ``finish_reason``, ``request_perf_metrics.speculative_decoding`` when ``return_perf_metrics``,
-  ``finished``, ``abort()``). A request the engine refuses raises ValueError from
+  ``finish_reason``, ``request_perf_metrics.speculative_decoding`` when ``return_perf_metrics``
+  (zero totals on 1.2.1, the real ones on the 1.3 shape), ``avg_decoded_tokens_per_iter`` and
+  ``decoding_iter``, ``finished``, ``abort()``). A request the engine refuses raises ValueError from
   ``generate_async``. ``top_k=1`` (or temperature 0) is greedy.
 - ``tokenizer.encode`` / ``decode``, ``get_stats``, ``shutdown``.
 
@@ -110,6 +115,8 @@ class RequestOutput:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self.engine_rid: int | None = None
+        self.avg_decoded_tokens_per_iter: float | None = None  # executor/result.py, set from each response
+        self.decoding_iter = 0
 
     # engine thread -> event loop
     def _put(self, update) -> None:
@@ -133,6 +140,8 @@ class RequestOutput:
         if self.finished:
             raise StopAsyncIteration
         kind, new, reason, metrics = await self._queue.get()
+        if isinstance(reason, tuple):  # (finish reason, avg decoded tokens per iteration, iterations)
+            reason, self.avg_decoded_tokens_per_iter, self.decoding_iter = reason
         if kind == "error":
             self.finished = True
             raise new
@@ -148,20 +157,22 @@ class RequestOutput:
 
 
 class _Schedule:
-    """TensorRT-LLM 1.3's ``draft_len_schedule`` as a policy of the reference engine."""
+    """``draft_len_schedule`` as a policy of the reference engine, looked up as the release does."""
 
     name = "draft_len_schedule"
 
     def __init__(self, schedule: dict, max_k: int) -> None:
-        from control.plan import schedule_lookup
+        from control.buildsys.trtllm_rules import lookup
+        from tensorrt_llm._release import current
 
         self.schedule = {int(b): int(k) for b, k in (schedule or {1: max_k}).items()}
-        self.lookup = schedule_lookup
+        self.lookup = lookup
+        self.line = current().line
 
     def decide(self, view):
         from control.policy.types import Decision
 
-        k = min(self.lookup(self.schedule, view.n), view.max_k)
+        k = min(self.lookup(self.schedule, view.n, self.line), view.max_k)
         return Decision(k=np.minimum(np.full(view.n, k, dtype=np.int64), view.k_cap),
                         drafter=np.zeros(view.n, dtype=np.int64))
 
@@ -185,6 +196,16 @@ class _GenRequest:
         return list(self._tokens)
 
 
+class _ResourceManager:
+    """What ``pad_draft_tokens_for_cuda_graph`` asks of the executor's resource manager."""
+
+    def __init__(self) -> None:
+        self.extended = 0
+
+    def extend_capacity_for_tokens(self, request) -> None:
+        self.extended += 1
+
+
 class _UserProvided:
     """``UserProvidedDecodingConfig``: the drafter hook decides each request's k every iteration."""
 
@@ -194,6 +215,8 @@ class _UserProvided:
         self.drafter = drafter
         self.llm = llm
         self.accepted: dict[int, int] = {}
+        self.resources = _ResourceManager()
+        self.padded_draft_tokens = 0  # zeros the padding added (verified on a GPU, not by the reference engine)
 
     def decide(self, view):
         from control.policy.types import Decision
@@ -207,8 +230,12 @@ class _UserProvided:
                 continue
             reqs.append(_GenRequest(rid, res.request_id, seq, res.sampling_params.max_tokens,
                                     len(res.prompt_token_ids), self.accepted.get(rid, 0)))
-        self.drafter.prepare_draft_tokens(SimpleNamespace(generation_requests=reqs, context_requests=[]), None)
+        batch = SimpleNamespace(generation_requests=reqs, context_requests=[])
+        self.drafter.prepare_draft_tokens(batch, self.resources)
         k = np.fromiter((len(r.py_draft_tokens) for r in reqs), np.int64, len(reqs))
+        self.drafter.pad_draft_tokens_for_cuda_graph(batch, self.resources)  # as the executor does, right after
+        padded = [len(r.py_draft_tokens) for r in reqs]
+        self.padded_draft_tokens += int(sum(padded) - k.sum())
         return Decision(k=np.minimum(k, view.max_k), drafter=np.zeros(view.n, dtype=np.int64))
 
     def observe(self, outcome) -> None:
@@ -329,6 +356,9 @@ class LLM:
                 for out in outs:
                     self._dispatch(out)
 
+    def _perf(self, out):
+        return _perf_fields(self, out) if self.speculation else None
+
     def _dispatch(self, out) -> None:
         from control.executors.base import FinishReason
 
@@ -346,17 +376,26 @@ class LLM:
                       None, None))
             return
         if out.finished:
+            iters = self._sent[rid]  # (avg_decoded_tokens_per_iter, decoding_iter): tokens over the steps that made them
+            per_iter = ((len(self._seq[rid]) - len(res.prompt_token_ids)) / iters, iters)
             self._by_rid.pop(rid, None)
             self._seq.pop(rid, None)
             self._sent.pop(rid, None)
             reason = {FinishReason.stop: "stop", FinishReason.length: "length",
                       FinishReason.cancelled: "cancelled"}.get(out.finish_reason, "stop")
-            metrics = SimpleNamespace(total_draft_tokens=out.total_drafted,
-                                      total_accepted_draft_tokens=out.total_accepted,
-                                      acceptance_rate=out.acceptance_rate) if self.speculation else None
-            res._put(("final", new, reason, metrics))
+            res._put(("final", new, (reason, *per_iter), self._perf(out)))
         else:
             res._put(("update", new, None, None))
+
+
+def _perf_fields(llm: LLM, out):
+    """``request_perf_metrics.speculative_decoding``: zero totals on 1.2.1 (before PR #17082)."""
+    from tensorrt_llm._release import current
+
+    if current().perf_totals:
+        return SimpleNamespace(total_draft_tokens=out.total_drafted, total_accepted_draft_tokens=out.total_accepted,
+                               acceptance_rate=out.acceptance_rate)
+    return SimpleNamespace(total_draft_tokens=0, total_accepted_draft_tokens=0, acceptance_rate=0.0)
 
 
 def _as_list(words) -> list[str]:
