@@ -8,7 +8,9 @@ Each ``step()`` serves every active request once:
    request each: the whole sequence in, k tokens out) or from n-gram prompt lookup in process;
 3. verification: one ``tensorrt_llm`` request per active request (the sequence plus its drafts as
    ``draft_input_ids``, ``request_output_len`` = k + 1); the target's answer is the truth, so output
-   is identical to non-speculative greedy decoding whatever the drafts were;
+   is identical to non-speculative greedy decoding whatever the drafts were. Every token it returns
+   is output: the accepted prefix plus one (what the stand-in engines answer by default) or all
+   k + 1 (an engine that goes on decoding to ``request_output_len``, as the stock BLS expects);
 4. new tokens stream to the request's sink at once; the controller observes the outcome.
 
 A request whose draft or verify call fails (the engine answered it with an error) ends with that
@@ -32,7 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from control.errors import ConfigError, SpecctlError
-from control.executors.trtllm.tensors import generate_request, output_tokens, verify_request
+from control.executors.trtllm.tensors import generate_request, output_tokens, verified_tokens, verify_request
 from control.plan import Plan, parse_plan
 from control.policy.types import I64, Policy, StepOutcome, StepView
 
@@ -237,18 +239,11 @@ class SpecOrchestrator:
                 drafted[i] = 0
                 continue
             try:
-                new = output_tokens(ans)
+                new, accepted[i] = verified_tokens(ans, d)  # accepted + 1 .. k + 1 target tokens
             except SpecctlError as e:
-                failed[i] = f"{self.target_model}: {e}"
+                failed[i] = f"{self.target_model}: request {r.rid}: {e}"
                 drafted[i] = 0
                 continue
-            if new.size == 0:
-                failed[i] = f"{self.target_model} returned no token for request {r.rid}"
-                drafted[i] = 0
-                continue
-            m = min(d.size, new.size - 1)
-            accepted[i] = int(np.argmin(np.append(new[:m] == d[:m], False))) if m > 0 else 0
-            new = new[: accepted[i] + 1] if new.size > accepted[i] + 1 else new
             new = new[: r.max_tokens - r.generated]
             done = r.generated + new.size >= r.max_tokens
             if r.end_id is not None:
