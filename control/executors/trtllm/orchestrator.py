@@ -34,6 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from control.errors import ConfigError, SpecctlError
+from control.executors.trtllm.granularity import BLS_GRANULARITY
 from control.executors.trtllm.tensors import generate_request, output_tokens, verified_tokens, verify_request
 from control.plan import Plan, parse_plan
 from control.policy.types import I64, Policy, StepOutcome, StepView
@@ -133,6 +134,9 @@ class SpecOrchestrator:
     record: bool = False
     history: list[StepRecord] = field(default_factory=list)
 
+    # each request reaches the target engine with exactly its own k drafts (``verify_request``)
+    verify_granularity = BLS_GRANULARITY
+
     def __post_init__(self) -> None:
         if self.drafter not in ("draft_target", "ngram"):
             raise ConfigError(f"drafter '{self.drafter}': the BLS orchestrator drafts with draft_target or ngram")
@@ -213,7 +217,7 @@ class SpecOrchestrator:
         view = StepView.build(slots=slots, request_ids=rids, ctx_lens=ctx, remaining=remaining,
                               drafters=self._drafters, max_k=self.max_k, free_kv_slots=self.token_budget * 64,
                               token_budget=self.token_budget, k_cap=k_cap, drafter=np.zeros(n, dtype=I64),
-                              step=self._step, now=time.monotonic())
+                              step=self._step, now=time.monotonic(), verify=self.verify_granularity)
         decision = self.policy.decide(view)
         k = np.minimum(np.asarray(decision.k, dtype=I64), np.maximum(np.minimum(k_cap, remaining - 1), 0))
 

@@ -21,7 +21,6 @@ import torch
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
 from control.executors.trtllm.tensors import check_request
 
-
 # What a verify request answers: the accepted prefix plus one token, or all request_output_len tokens.
 VERIFY_OUTPUTS = ("accepted", "all")
 
