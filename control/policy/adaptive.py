@@ -112,7 +112,7 @@ class AdaptivePolicy(BasePolicy):
         same_drafters = ctx.drafters == self.ctx.drafters and max(ctx.max_k, 1) <= self.K
         super().update_context(ctx)
         if not same_drafters:
-            self._setup(ctx)
+            self._setup(self.ctx)  # the new context as the base priced it (the executor's verification)
             return
         # Same drafters: keep learned acceptance and the bandit; take the new priors, limits and gate.
         for i, pr in enumerate(self.pos):

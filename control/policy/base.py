@@ -93,6 +93,8 @@ class BasePolicy:
         self.ctx = ctx
         if changed:
             self._map_key = None
+        if ctx.cost.verify != self.verify:  # the new plan's costs, priced as the executor verifies
+            self.use_verify(self.verify)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _drafter_maps(self, view: StepView) -> None:
@@ -159,9 +161,8 @@ class BasePolicy:
         """Price verification as the executor does it from now on (its views carry ``verify``)."""
         self.verify = verify
         c = self.ctx
-        if c.cost.verify != verify:
-            c.cost = replace(c.cost, verify=verify)
-            c.default_cost = replace(c.default_cost, verify=verify)
+        if c.cost.verify != verify:  # a copy: a context may be shared with the policy it came from
+            self.ctx = replace(c, cost=replace(c.cost, verify=verify), default_cost=replace(c.default_cost, verify=verify))
 
     def granular(self, view: StepView, cap: np.ndarray, surv: np.ndarray, cost: StepCostModel) -> Decision:
         """k where the target pads drafts or verifies per batch (``cost.verify``): speculation on or

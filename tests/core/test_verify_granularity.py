@@ -98,6 +98,10 @@ def test_the_policy_follows_the_executors_granularity():
     assert d.k.tolist() == [1, 2] + [K] * 22  # padded anyway: every request drafts its cap
     assert aware.cost.verify == padded(K, always=True)
     assert d.predicted_step_ms == pytest.approx(aware.cost.step_ms(np.full(24, 800.0), d.k))
+    # a new plan keeps the executor's granularity (same drafters, and new ones)
+    for drafters in (["ngram"], ["draft", "ngram"]):
+        aware.update_context(build_policy("adaptive", compile_plan(prof, max_k=K, drafters=drafters)).ctx)
+        assert aware.ctx.cost.verify == aware.cost.verify == padded(K, always=True)
     # the same plan on a per-request executor prices each request's own k + 1
     per_req = build_policy("adaptive", plan).decide(_view(24, PER_REQUEST))
     assert 0 < int(per_req.k.max()) < K  # a verified token costs 0.2 ms: the third draft does not pay
