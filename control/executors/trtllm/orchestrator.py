@@ -224,14 +224,7 @@ class SpecOrchestrator:
         failed: dict[int, str] = {}  # index in reqs -> message
         drafts = self._draft(reqs, k, failed)
         t1 = time.perf_counter()
-        live = [i for i in range(n) if i not in failed]
-        answers: list = [None] * n
-        verify = [verify_request(reqs[i].seq, drafts[i], reqs[i].end_id) for i in live]
-        for i, ans in zip(live, self._call(self.target_model, verify), strict=True):
-            if isinstance(ans, Exception):
-                failed[i] = f"{self.target_model}: {ans}"
-            else:
-                answers[i] = ans
+        answers = self._verify(reqs, drafts, failed)
         t2 = time.perf_counter()
 
         drafted = np.fromiter((d.size for d in drafts), I64, n)
@@ -243,21 +236,11 @@ class SpecOrchestrator:
                 drafted[i] = 0
                 continue
             try:
-                new, accepted[i] = verified_tokens(ans, d)  # accepted + 1 .. k + 1 target tokens
+                new, accepted[i], done = self._commit(r, d, ans)
             except SpecctlError as e:
                 failed[i] = f"{self.target_model}: request {r.rid}: {e}"
                 drafted[i] = 0
                 continue
-            new = new[: r.max_tokens - r.generated]
-            done = r.generated + new.size >= r.max_tokens
-            if r.end_id is not None:
-                hit = np.flatnonzero(new == r.end_id)
-                if hit.size:
-                    new = new[: hit[0] + 1]
-                    done = True
-            r.seq = np.concatenate([r.seq, new])
-            r.drafted_total += int(d.size)
-            r.accepted_total += int(accepted[i])
             emitted[i] = new.size
             if done:
                 finished.append((r, new))
@@ -292,6 +275,35 @@ class SpecOrchestrator:
         raise SpecctlError(f"requests still active after {max_steps} steps")
 
     # -- internals -----------------------------------------------------------------------------------
+    def _verify(self, reqs: list[_Req], drafts: list[np.ndarray], failed: dict[int, str]) -> list:
+        """One target request per request not failed yet; the answers (None where it failed)."""
+        live = [i for i in range(len(reqs)) if i not in failed]
+        answers: list = [None] * len(reqs)
+        asks = [verify_request(reqs[i].seq, drafts[i], reqs[i].end_id) for i in live]
+        for i, ans in zip(live, self._call(self.target_model, asks), strict=True):
+            if isinstance(ans, Exception):
+                failed[i] = f"{self.target_model}: {ans}"
+            else:
+                answers[i] = ans
+        return answers
+
+    @staticmethod
+    def _commit(r: _Req, draft: np.ndarray, answer) -> tuple[np.ndarray, int, bool]:
+        """Append what the target returned (accepted + 1 .. k + 1 of its tokens), cut at max_tokens
+        and after end_id; returns (new tokens, drafts accepted, whether the request is done)."""
+        new, accepted = verified_tokens(answer, draft)
+        new = new[: r.max_tokens - r.generated]
+        done = r.generated + new.size >= r.max_tokens
+        if r.end_id is not None:
+            hit = np.flatnonzero(new == r.end_id)
+            if hit.size:
+                new = new[: hit[0] + 1]
+                done = True
+        r.seq = np.concatenate([r.seq, new])
+        r.drafted_total += int(draft.size)
+        r.accepted_total += accepted
+        return new, accepted, done
+
     def _call(self, model: str, requests: list[dict[str, np.ndarray]]) -> list:
         if not requests:
             return []
