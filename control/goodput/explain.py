@@ -54,9 +54,9 @@ def _why_granularity(verify: VerifyGranularity, best: int) -> str:
         return "; the target verifies per batch, so this k is the step's one k for every request"
     when = ("at every k, 0 included (nothing switches the padding off)" if verify.always
             else "at every k >= 1 (only k = 0, off, verifies 1)")
-    pick = "off" if best == 0 else f"k = {best}"
+    off = " Off wins here." if best == 0 and not verify.always else ""
     return (f"; drafts are padded to the static max K = {verify.pad_to}, so the target verifies {verify.pad_to + 1} "
-            f"tokens per request {when} and a smaller k saves drafting only: one k per step, {pick} here")
+            f"tokens per request {when}: a smaller k saves drafting only.{off}")
 
 
 def _why(curve, best: int, slo_ms: float | None, base_name: str = "plain decoding") -> str:

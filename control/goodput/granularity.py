@@ -19,9 +19,10 @@ An executor states it; the step cost model (``StepCostModel.verify``) and the po
   other. Without ``always`` a step where every k is 0 verifies one token per request (the schedule's
   k = 0 switches speculation off for the iteration).
 
-Under ``per_batch`` and ``padded`` a per-request k only changes what is drafted, never what is
-verified, so the right decision is batch-level: the best single k for the step, or off
-(``best_uniform_k`` with this cost model).
+Under ``padded`` a per-request k only changes what is drafted, never what is verified: the step's
+decision is on or off, and each request's k then trades its drafting cost alone against its
+accepted tokens (``control.goodput.granular``; with n-gram lookup, whose cost does not grow with k,
+every request drafts its cap). Under ``per_batch`` the step's largest k sets everyone's verify cost.
 """
 
 from __future__ import annotations
@@ -86,12 +87,13 @@ class VerifyGranularity:
         if self.kind == VerifyKind.per_request:
             return "per request: the target verifies each request's own k + 1 tokens"
         if self.kind == VerifyKind.per_batch:
-            return "per batch: every request verifies the step's largest k + 1 tokens; the choice is one k per step"
+            return "per batch: every request verifies the step's largest k + 1 tokens"
         if self.always:
             return (f"padded to the static max K = {self.pad_to}: every request verifies {self.pad_to + 1} tokens at "
-                    f"every step whatever its k, k = 0 included; the choice is one k per step")
+                    f"every step whatever its k, k = 0 included; a request's k changes only its drafting")
         return (f"padded to the static max K = {self.pad_to}: every request verifies {self.pad_to + 1} tokens "
-                f"whenever the step drafts, whatever its k; the choice is one k per step (best single k, or off)")
+                f"whenever the step drafts, whatever its k; the step is on or off, a request's k changes only its "
+                f"drafting")
 
 
 PER_REQUEST = VerifyGranularity()
