@@ -25,6 +25,7 @@ from control.buildsys.llmapi_config import compile_build_plan
 from control.buildsys.memfit import MemoryFit
 from control.buildsys.profiles import ResolvedProfile
 from control.buildsys.recipe import Recipe
+from control.buildsys.triton_launch import serve_script, triton_launch
 from control.buildsys.trtllm_rules import Method
 from control.executors.trtllm.tensors import TRTLLM_INPUTS, TRTLLM_OUTPUTS
 from control.executors.trtllm.version import PINNED
@@ -83,8 +84,10 @@ def _param(key: str, value) -> str:
     return f'parameters: {{\n  key: "{key}"\n  value: {{\n    string_value: "{value}"\n  }}\n}}'
 
 
-def tensorrt_llm_config(name: str, engine_dir: str, recipe: Recipe, kv_fraction: float, *, draft_logits: bool) -> str:
-    """A filled ``tensorrt_llm`` model config (the tensorrtllm backend's template, the inputs we send)."""
+def tensorrt_llm_config(name: str, engine_dir: str, recipe: Recipe, kv_fraction: float, *, draft_logits: bool,
+                        gpu_device_ids: str | None = None) -> str:
+    """A filled ``tensorrt_llm`` model config (the tensorrtllm backend's template, the inputs we send);
+    ``gpu_device_ids`` where several engine models share a multi-GPU host (``triton_launch``)."""
     def io(items, kind):
         rows = []
         for t in items:
@@ -104,7 +107,7 @@ def tensorrt_llm_config(name: str, engine_dir: str, recipe: Recipe, kv_fraction:
         ("iter_stats_max_iterations", 1000), ("request_stats_max_iterations", 1000),
         ("normalize_log_probs", "true"), ("decoding_mode", "top_k_top_p"),
         ("speculative_decoding_fast_logits", "0"),
-    ]
+    ] + ([("gpu_device_ids", gpu_device_ids)] if gpu_device_ids else [])
     return "\n".join([
         f'name: "{name}"', 'backend: "tensorrtllm"', f"max_batch_size: {recipe.max_batch}",
         "model_transaction_policy {\n  decoupled: false\n}",
@@ -149,13 +152,15 @@ def tensorrt_artifacts(recipe: Recipe, resolved: ResolvedProfile, fit: MemoryFit
     art.add("plan.yaml", plan.to_yaml())
     frac = recipe.memory.kv_cache_free_fraction
     two = spec.method == Method.draft_target
+    launch = triton_launch(recipe.tp, two)
+    gpus = launch.gpu_device_ids
     art.add("triton_repo/tensorrt_llm/config.pbtxt",
             tensorrt_llm_config("tensorrt_llm", "@OUT@/engines/target", recipe, round(frac * (0.8 if two else 1.0), 3),
-                                draft_logits=spec.draft_logits))
+                                draft_logits=spec.draft_logits, gpu_device_ids=gpus.get("tensorrt_llm")))
     if two:
         art.add("triton_repo/tensorrt_llm_draft/config.pbtxt",
                 tensorrt_llm_config("tensorrt_llm_draft", "@OUT@/engines/draft", recipe, round(frac * 0.2, 3),
-                                    draft_logits=False))
+                                    draft_logits=False, gpu_device_ids=gpus.get("tensorrt_llm_draft")))
     if spec.method in (Method.draft_target, Method.ngram):
         art.add("triton_repo/specctl_bls/config.pbtxt", bls_config(recipe, draft_model="tensorrt_llm_draft" if two else None))
         src = resources.files("control.executors.trtllm").joinpath("bls_model.py").read_text()
@@ -174,6 +179,10 @@ def tensorrt_artifacts(recipe: Recipe, resolved: ResolvedProfile, fit: MemoryFit
         "trtllm_version": version, "trtllm_line": "1.2", "method": spec.method.value,
         "control": "bls-per-step" if spec.method != Method.eagle else "engine",
         "plan": "plan.yaml", "profile": resolved.describe(), "memory_fit": fit.lines(),
+        "launch": launch.to_dict(),
     }, sort_keys=False))
     art.add("build.sh", art.script(f"{recipe.sku}/{recipe.pair}: TensorRT-LLM {version} engines"))
+    art.add("serve.sh", serve_script(launch, f"{recipe.sku}/{recipe.pair}"))
+    if launch.mode != "tritonserver":
+        art.notes.append(f"tp = {recipe.tp}: start Triton with serve.sh ({launch.describe()}), not a plain tritonserver")
     return art

@@ -43,6 +43,10 @@ def profile_path(profiles_dir: Path, recipe: Recipe) -> Path:
     return Path(profiles_dir) / recipe.sku / f"{recipe.pair}.yaml"
 
 
+# Precisions the roofline prices with fp8 weights, KV and tensor cores. The roofline has no nvfp4
+# model: fp8 bytes over-count nvfp4 weights (1 byte vs 4.5 bits), a conservative cost and memory fit.
+ROOFLINE_FP8 = frozenset({"fp8", "nvfp4"})
+
 # Per-step cost of n-gram prompt lookup in the roofline profiles of ngram recipes (host-side lookup,
 # overlapped with little else; an estimate written down once, as the roofline's framework constants).
 NGRAM_MS = 0.1
@@ -57,12 +61,13 @@ def roofline(recipe: Recipe) -> Profile:
             f"no measured profile for {recipe.sku}/{recipe.pair} and the roofline model is not installed in this "
             f"checkout; pass --profile FILE (a specctl.profile/v1 document) or run `specctl profile` on the GPU host"
         ) from None
+    fp8 = recipe.precision in ROOFLINE_FP8
     if recipe.method.value == "ngram":  # prompt lookup: no draft model, a small host-side cost per step
-        return roofline_profile(recipe.sku, recipe.target, [], tp=recipe.tp, ngram_ms=NGRAM_MS)
+        return roofline_profile(recipe.sku, recipe.target, [], tp=recipe.tp, fp8=fp8, ngram_ms=NGRAM_MS)
     if not recipe.speculation.draft:
         raise ConfigError(f"recipe {recipe.sku}/{recipe.pair}: method {recipe.method.value} names no draft model, so "
                           "the roofline cannot price it; pass --profile FILE (a specctl.profile/v1 document)")
-    return roofline_profile(recipe.sku, recipe.target, [recipe.speculation.draft], tp=recipe.tp)
+    return roofline_profile(recipe.sku, recipe.target, [recipe.speculation.draft], tp=recipe.tp, fp8=fp8)
 
 
 def pick_drafter(profile: Profile, recipe: Recipe) -> str:

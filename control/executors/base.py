@@ -16,6 +16,12 @@ produces them. Bad input (an empty or over-long prompt, a sampling parameter out
 
 Speculation is controlled by a policy (``control.policy.types.Policy``): once per iteration the
 executor shows it a ``StepView`` and follows its ``Decision``; ``set_policy`` swaps it at run time.
+
+Every executor states its verification granularity (``verify_granularity``,
+``control.goodput.granularity``): whether its target verifies each request's own k + 1 tokens, the
+step's largest k + 1 for everyone, or a static max K + 1 whatever k. Its views carry it
+(``StepView.verify``), and the policy prices verification and chooses k (per request, or one k per
+step) from it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from control.errors import ConfigError
+from control.goodput.granularity import VerifyGranularity
 from control.policy.types import Policy
 
 MAX_SEED = 2**63 - 1
@@ -196,6 +203,11 @@ class Executor(Protocol):
 
     def set_policy(self, policy: Policy) -> None:
         """Use ``policy`` from the next iteration on."""
+        ...
+
+    @property
+    def verify_granularity(self) -> VerifyGranularity:
+        """What the target verifies per request for the k chosen (per request, per batch, padded)."""
         ...
 
     @property

@@ -23,6 +23,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from control.goodput.granularity import VerifyKind
 from control.goodput.stepcost import StepCostModel
 
 CONFIRM_TOL = 1e-12  # F(g) below this share of g * plain-step-ms confirms Dinkelbach's optimum
@@ -131,6 +132,8 @@ def best_uniform_k(cost: StepCostModel, ctx, surv, cap, cons: Constraints, draft
     best_g = best_tok / best_t if best_t > 0 else 0.0
     cap_max = int(cap.max()) if n else 0
     csum = _csum0(surv)
+    # padded verification pays K + 1 tokens per request from k = 1 on: goodput is not unimodal in k
+    unimodal = cost.verify.kind != VerifyKind.padded
     for k in range(1, min(K, cap_max) + 1):
         kk, tokens, t = _uniform_point(cost, ctx, csum, cap, drafter, lag, k)
         total = int(kk.sum())
@@ -139,7 +142,7 @@ def best_uniform_k(cost: StepCostModel, ctx, surv, cap, cons: Constraints, draft
         g = tokens / t
         if g > best_g:
             best_k, best_tok, best_t, best_g = kk, tokens, t, g
-        elif early_stop:
+        elif early_stop and unimodal:
             break
     return Choice(best_k, best_tok, best_t, plain)
 

@@ -5,7 +5,9 @@ T_step = T_draft + T_verify + overhead, where (DESIGN.md section 4):
   requests still drafting: T_fwd_d(sum of their contexts + s - 1, their count);
 - n-gram prompt lookup: a small constant, independent of k;
 - sink+window self-speculation (MagicDec): the draft's context per request is min(ctx, sink + window);
-- verify: T_fwd_target(sum ctx, sum (k_i + 1), n requests).
+- verify: T_fwd_target(sum ctx, sum (k_i + 1), n requests) where the executor verifies per request;
+  where it pads or verifies per batch, the tokens its target really computes (``verify``,
+  ``control.goodput.granularity``): n (K + 1) under padding to the static max K.
 A request whose draft state lags the target by L tokens re-prefills them in its first draft pass
 (catch-up), which adds L batched tokens to that pass.
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.goodput.cost import LinearCost
+from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 
 
 class DrafterKind(str, Enum):
@@ -126,6 +129,7 @@ class StepCostModel:
     target: LinearCost
     drafters: tuple[DrafterCost, ...]
     overhead_ms: float = 0.0
+    verify: VerifyGranularity = PER_REQUEST  # what the executor's target verifies per request
 
     def drafter_index(self, name: str) -> int:
         for i, d in enumerate(self.drafters):
@@ -134,7 +138,10 @@ class StepCostModel:
         raise ConfigError(f"unknown drafter '{name}'; this profile has: {', '.join(d.name for d in self.drafters)}")
 
     def verify_ms(self, ctx: np.ndarray, k: np.ndarray) -> float:
-        return float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + k.shape[0]), 1, k.shape[0]))
+        if self.verify.per_request:
+            return float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + k.shape[0]), 1, k.shape[0]))
+        tokens = float(self.verify.verified_tokens(k).sum())
+        return float(self.target.predict(float(np.sum(ctx)), tokens, 1, k.shape[0]))
 
     def step_ms(self, ctx, k, drafter=None, lag=None) -> float:
         """Predicted step time in ms. ``drafter``: per-request drafter index (default all 0)."""
@@ -156,6 +163,8 @@ class StepCostModel:
         """Time of a non-speculative decode step (k = 0 for everyone)."""
         ctx = np.asarray(ctx, dtype=np.float64)
         n = ctx.shape[0]
+        if not self.verify.per_request:  # a padded executor may verify K + 1 tokens even at k = 0
+            return self.verify_ms(ctx, np.zeros(n, dtype=np.int64)) + self.overhead_ms
         return float(self.target.predict(float(ctx.sum()), float(n), 1, n)) + self.overhead_ms
 
     def step_std_ms(self) -> float:
@@ -175,7 +184,8 @@ def uniform_step_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):
     B = np.asarray(batch, dtype=np.float64)
     S = np.asarray(ctx, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
-    t = cost.target.predict(B * S, B * (k + 1.0), 1, B) + cost.overhead_ms
+    per_req = k + 1.0 if cost.verify.per_request else cost.verify.uniform_tokens(k)
+    t = cost.target.predict(B * S, B * per_req, 1, B) + cost.overhead_ms
     if not cost.drafters:
         return t
     d = cost.drafters[drafter]

@@ -112,7 +112,7 @@ class AdaptivePolicy(BasePolicy):
         same_drafters = ctx.drafters == self.ctx.drafters and max(ctx.max_k, 1) <= self.K
         super().update_context(ctx)
         if not same_drafters:
-            self._setup(ctx)
+            self._setup(self.ctx)  # the new context as the base priced it (the executor's verification)
             return
         # Same drafters: keep learned acceptance and the bandit; take the new priors, limits and gate.
         for i, pr in enumerate(self.pos):
@@ -228,6 +228,8 @@ class AdaptivePolicy(BasePolicy):
         if not self.gate.update(n, view.step):
             return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
                             prefill_draft=False)
+        if not self.verify.per_request:  # the target pads drafts or verifies per batch
+            return self._granular(view, cap)
         d_ctx, d_exec, lag, uniform = self._assign_drafters(view)
         lagged = bool(lag[0]) if n == 1 else bool(lag.any())
         if lagged:
@@ -266,6 +268,17 @@ class AdaptivePolicy(BasePolicy):
             self._note_favourite(d_ctx, choice.k)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
+
+    def use_verify(self, verify) -> None:
+        super().use_verify(verify)
+        self.cost = replace(self.cost, verify=verify)
+
+    def _granular(self, view: StepView, cap: np.ndarray) -> Decision:
+        """On or off for the step, then k per request against drafting cost (the default drafter, at
+        each request's learned survival): what padded or per-batch verification leaves to choose."""
+        i, c = self.ctx.default, self.cost
+        surv = self.survival(view, np.full(view.n, i, dtype=I64), True)
+        return self.granular(view, cap, surv, StepCostModel(c.target, (c.drafters[i],), c.overhead_ms, c.verify))
 
     def _assign_drafters(self, view: StepView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """Each request's drafter for this step: (plan index, executor index, the draft lag it must
@@ -610,9 +623,10 @@ class AdaptivePolicy(BasePolicy):
         self.loop.update(outcome.prev_loop_ms, outcome.prev_loop_requests)
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
+            verified = (float(outcome.verified.sum() + outcome.n) if self.verify.per_request
+                        else float(self.verify.verified_tokens(outcome.verified).sum()))  # padding included
             self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
-                                   float(outcome.verified.sum() + outcome.n) + outcome.prefill_tokens, outcome.verify_ms,
-                                   1.0, float(outcome.n))
+                                   verified + outcome.prefill_tokens, outcome.verify_ms, 1.0, float(outcome.n))
         used = d_ctx[:1] if uniform and spec.any() else self._drafters_in(d_ctx[spec])
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]
@@ -633,4 +647,4 @@ class AdaptivePolicy(BasePolicy):
             per_step, per_request = self.loop.fit()
             if per_request > 0.0:
                 target = replace(target, d=target.d + per_request)
-            self.cost = StepCostModel(target, drafters, self.ctx.cost.overhead_ms + per_step)
+            self.cost = StepCostModel(target, drafters, self.ctx.cost.overhead_ms + per_step, self.verify)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from control.goodput.estimators import MovingWindow, chain_trials
+from control.goodput.granular import granular_choice
+from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 from control.goodput.optimizer import Constraints
 from control.goodput.stepcost import StepCostModel
 from control.plan import BanditParams, GateParams, Plan
@@ -82,6 +84,7 @@ class BasePolicy:
         self._map_key: tuple[str, ...] | None = None
         self._to_ctx = np.zeros(0, dtype=I64)  # executor drafter index -> ctx index (-1: not active)
         self._to_exec = np.zeros(0, dtype=I64)  # ctx drafter index -> executor index (-1: executor lacks it)
+        self.verify: VerifyGranularity = PER_REQUEST  # the executor's, from its views (``use_verify``)
 
     # -- plan updates ----------------------------------------------------------------------------
     def update_context(self, ctx: PolicyContext) -> None:
@@ -90,6 +93,8 @@ class BasePolicy:
         self.ctx = ctx
         if changed:
             self._map_key = None
+        if ctx.cost.verify != self.verify:  # the new plan's costs, priced as the executor verifies
+            self.use_verify(self.verify)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _drafter_maps(self, view: StepView) -> None:
@@ -145,10 +150,30 @@ class BasePolicy:
         fresh = self._new_slots(view)
         if fresh.size:
             self.reset_slots(fresh)
+        if view.verify is not self.verify:
+            self.use_verify(view.verify)
         if view.n == 0:
             return Decision(np.zeros(0, dtype=I64), np.zeros(0, dtype=I64), prefill_draft=self.wants_draft_prefill(view),
                             prefill_drafter=self.prefill_drafter())
         return self._decide(view, self.caps(view))
+
+    def use_verify(self, verify: VerifyGranularity) -> None:
+        """Price verification as the executor does it from now on (its views carry ``verify``)."""
+        self.verify = verify
+        c = self.ctx
+        if c.cost.verify != verify:  # a copy: a context may be shared with the policy it came from
+            self.ctx = replace(c, cost=replace(c.cost, verify=verify), default_cost=replace(c.default_cost, verify=verify))
+
+    def granular(self, view: StepView, cap: np.ndarray, surv: np.ndarray, cost: StepCostModel) -> Decision:
+        """k where the target pads drafts or verifies per batch (``cost.verify``): speculation on or
+        off for the whole step, then per-request k against drafting cost alone
+        (``control.goodput.granular``)."""
+        c = self.ctx.cons
+        cons = Constraints(view.free_kv_slots, view.token_budget, c.slo_tpot_ms, c.slo_quantile)
+        ch = granular_choice(cost, view.ctx_lens, surv, cap, cons)
+        return Decision(ch.k, np.full(view.n, self.default_exec_drafter(), dtype=I64), prefill_draft=True,
+                        prefill_drafter=self.prefill_drafter(), predicted_step_ms=ch.step_ms,
+                        predicted_tokens=ch.tokens)
 
     def reset_slots(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Called with the slots that now hold new requests."""

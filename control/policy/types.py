@@ -23,6 +23,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from control.goodput.granularity import PER_REQUEST, VerifyGranularity
+
 I64 = np.int64
 
 
@@ -54,6 +56,8 @@ class StepView:
         step: iteration counter.
         prefill_tokens: tokens prefilled in the same iteration (mixed batches), 0 otherwise.
         waiting: requests queued and not yet admitted.
+        verify: what the executor's target verifies per request for the k chosen
+            (``control.goodput.granularity``): per request unless the executor pads or verifies per batch.
     """
 
     slots: np.ndarray
@@ -72,6 +76,7 @@ class StepView:
     category: np.ndarray | None = None
     prefill_tokens: int = 0
     waiting: int = 0
+    verify: VerifyGranularity = PER_REQUEST
 
     @property
     def n(self) -> int:
@@ -97,6 +102,7 @@ class StepView:
         step: int = 0,
         prefill_tokens: int = 0,
         waiting: int = 0,
+        verify: VerifyGranularity = PER_REQUEST,
     ) -> StepView:
         """Convenience constructor with defaults (uncapped k, no drafter used yet, drafts in sync)."""
         slots = _arr(slots)
@@ -119,6 +125,7 @@ class StepView:
             category=None if category is None else _arr(category),
             prefill_tokens=int(prefill_tokens),
             waiting=int(waiting),
+            verify=verify,
         )
 
 

@@ -82,6 +82,8 @@ class ErrorBody(BaseModel):
 class ExplainPoint(BaseModel):
     k: int
     expected_tokens: float
+    verified_tokens: int  # per request, as the executor verifies (control.goodput.granularity)
+    verify_ms: float
     step_ms: float
     goodput_tok_s: float
     feasible: bool
@@ -96,6 +98,8 @@ class Explained(BaseModel):
     best_k: int
     curve: list[ExplainPoint]
     why: str
+    verify: str
+    verify_note: str
     plan_version: int
 
 

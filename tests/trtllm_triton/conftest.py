@@ -40,7 +40,7 @@ def triton(tmp_path_factory, engines):
     repo = build_repository(work, engines, profile)
     srv = TritonServer(repo, work / "run", **free_server_ports(),
                        pythonpath=[str(ROOT)],  # the Python backend imports `control` from this checkout
-                       extra_args=["--model-load-thread-count=8"])  # all six models load at once
+                       extra_args=["--model-load-thread-count=8"])  # all eight models load at once
     srv.start(timeout_s=240)
     try:
         yield srv

@@ -48,6 +48,22 @@ def render(out: Path, which: str, profile: Path) -> Path:
     return out
 
 
+def add_param(config: str, key: str, value: str) -> str:
+    """Append a ``parameters`` entry to a config.pbtxt."""
+    return config.rstrip("\n") + f'\nparameters: {{\n  key: "{key}"\n  value: {{\n    string_value: "{value}"\n  }}\n}}\n'
+
+
+def full_verify_target(repo: Path, name: str) -> Path:
+    """A copy of the stand-in ``tensorrt_llm`` under ``name`` that answers a verify with all k + 1
+    tokens it was asked for (``standin_verify_output: all``), as an engine decoding on to
+    ``request_output_len`` does."""
+    dst = repo / name
+    shutil.copytree(repo / "tensorrt_llm", dst)
+    cfg = (dst / "config.pbtxt").read_text().replace('name: "tensorrt_llm"', f'name: "{name}"')
+    (dst / "config.pbtxt").write_text(add_param(cfg, "standin_verify_output", "all"))
+    return dst
+
+
 def plan_variant(src: Path, dst: Path, policy: str) -> Path:
     doc = yaml.safe_load(src.read_text())
     doc["policy"] = policy
@@ -88,8 +104,9 @@ def build_repository(work: Path, engines: Path, profile: Path) -> Path:
 
     Models: ``tensorrt_llm``, ``tensorrt_llm_draft`` (stand-ins), ``specctl_bls`` (as rendered: the
     plan's adaptive policy, drafting with the draft model), ``specctl_bls_fixed`` (``fixed:3``,
-    ``max_batch`` 2), ``specctl_bls_static`` (``static-schedule:1=4,2=1``) and ``specctl_bls_ngram``
-    (rendered from the n-gram recipe: prompt lookup, no draft model).
+    ``max_batch`` 2), ``specctl_bls_static`` (``static-schedule:1=4,2=1``), ``specctl_bls_ngram``
+    (rendered from the n-gram recipe: prompt lookup, no draft model) and ``specctl_bls_all``
+    (``fixed:3`` over ``tensorrt_llm_all``, a target that answers every verify with k + 1 tokens).
     """
     main_dir = render(work / "deploy", "draft", profile)
     install_standins(main_dir, engines)
@@ -99,6 +116,9 @@ def build_repository(work: Path, engines: Path, profile: Path) -> Path:
                 plan=str(plan_variant(plan, main_dir / "plan-fixed3.yaml", "fixed:3")))
     bls_variant(repo, "specctl_bls", "specctl_bls_static",
                 plan=str(plan_variant(plan, main_dir / "plan-static.yaml", "static-schedule:1=4,2=1")))
+    full_verify_target(repo, "tensorrt_llm_all")
+    bls_variant(repo, "specctl_bls", "specctl_bls_all", tensorrt_llm_model_name="tensorrt_llm_all",
+                plan=str(main_dir / "plan-fixed3.yaml"))
     ngram_dir = render(work / "deploy-ngram", "ngram", profile)
     shutil.copytree(ngram_dir / "triton_repo" / "specctl_bls", repo / "specctl_bls_ngram")
     cfg = repo / "specctl_bls_ngram" / "config.pbtxt"

@@ -174,3 +174,24 @@ def test_http_generate_and_generate_stream(triton, target, tokenizer):
 def _server_alive(triton):
     yield
     assert triton.alive(), f"tritonserver died: {triton.log_tail()}"
+
+
+def test_a_target_answering_k_plus_1_tokens_streams_them_all(triton, target, tokenizer):
+    """specctl_bls_all (fixed:3) over a target that decodes on to request_output_len after a
+    rejection: every step streams all k + 1 target tokens, and the text is plain greedy."""
+    ps = prompts(tokenizer, 2)
+    s = Stream(triton.grpc_url)
+    try:
+        gens = [s.send("specctl_bls_all", str(i), p, 30) for i, p in enumerate(ps)]
+        s.wait(len(gens))
+        assert not s.errors, s.errors
+    finally:
+        s.close()
+    rejected = 0
+    for p, gen in zip(ps, gens, strict=True):
+        assert gen.tokens == greedy(target, p, 30)
+        for i, (chunk, d, a) in enumerate(zip(gen.chunks, gen.step_drafted, gen.step_accepted, strict=True)):
+            if i < len(gen.chunks) - 1:
+                assert len(chunk) == d + 1, f"step {i}: {len(chunk)} tokens streamed for {d} drafts"
+            rejected += int(a < d)
+    assert rejected > 0  # steps where accepted + 1 and k + 1 differ

@@ -147,3 +147,62 @@ def test_the_policy_learns_the_acceptance_of_the_drafter_the_bls_runs(client):
     assert unnamed == prior
     with pytest.raises(ConfigError, match="drafter 'draft' is a draft_model drafter; this BLS drafts with ngram"):
         plan_for_bls(plan, "ngram")
+
+
+@pytest.fixture(scope="module")
+def full_client(engines, target):
+    """Engines that answer a verify with all k + 1 tokens asked for (decoding on after a rejection)."""
+    draft = load_pretrained(engines / "draft", dtype=torch.float64)
+    return ReferenceEngineClient({"tensorrt_llm": ReferenceTrtllmModel(target, verify_output="all"),
+                                  "tensorrt_llm_draft": ReferenceTrtllmModel(draft)})
+
+
+def _run(client, n: int = 20) -> tuple[SpecOrchestrator, Sinks]:
+    orch = _orch(client)
+    sinks = Sinks()
+    for rid, p in enumerate(PROMPTS):
+        orch.add(rid, p, n, sinks.tokens_of(rid), on_error=sinks.error_of(rid))
+    orch.run_until_idle(100)
+    return orch, sinks
+
+
+def test_a_target_that_returns_k_plus_1_tokens_has_all_of_them_used(client, full_client, target):
+    """The stock BLS appends every target output_id; an engine answering k + 1 tokens after a
+    rejection gives tokens of its own beyond the bonus one. They are the target's greedy tokens, so
+    each step emits all k + 1, output stays plain greedy, and fewer steps serve the same text."""
+    full, sinks = _run(full_client)
+    assert not sinks.errors and sinks.done == {0, 1, 2}
+    for rid, p in enumerate(PROMPTS):
+        assert sinks.tokens[rid] == greedy(target, p, 20)
+    rejected = 0
+    for h in full.history:
+        for rid, d, a, e in zip(h.request_ids, h.drafted, h.accepted, h.emitted, strict=True):
+            if len(sinks.tokens[int(rid)]) > e and d:  # not a step cut by max_tokens
+                assert e == d + 1, f"step {h.step}: request {rid} emitted {e} of {d + 1} target tokens"
+            rejected += int(a < d)
+    assert rejected > 0  # the k + 1 shape differs from accepted + 1 only where drafts were rejected
+    short, _ = _run(client)
+    assert len(full.history) < len(short.history)
+    assert sum(int(h.accepted.sum()) for h in full.history) <= sum(int(h.drafted.sum()) for h in full.history)
+
+
+def test_a_verify_answer_longer_than_asked_fails_its_request_with_the_cause(target):
+    class Echoing:
+        """A target configured with exclude_input_in_output false that ignores the request's flag."""
+
+        def __init__(self) -> None:
+            self.inner = ReferenceTrtllmModel(target)
+
+        def run(self, model, requests):
+            out = []
+            for r in requests:
+                r = {**r, "exclude_input_in_output": np.array([[False]])}
+                out.append(self.inner(r))
+            return out
+
+    orch = SpecOrchestrator(build_policy("none", compile_plan(make_profile(), max_k=4)), Echoing(), max_k=4)
+    sinks = Sinks()
+    orch.add(0, PROMPTS[0], 5, sinks.tokens_of(0), on_error=sinks.error_of(0))
+    orch.step()
+    assert "returned 5 tokens for 0 draft tokens" in sinks.errors[0]
+    assert "exclude_input_in_output" in sinks.errors[0]

@@ -52,3 +52,14 @@ def test_streaming_on_the_non_decoupled_model_is_refused(triton):
     req["streaming"] = np.array([[True]])
     with pytest.raises(InferenceServerException, match="streaming needs the model deployed decoupled"):
         _infer(triton.grpc_url, "tensorrt_llm_draft", req)
+
+
+def test_the_full_verify_stand_in_answers_k_plus_1_tokens(triton, target):
+    """tensorrt_llm_all decodes on after a rejected draft until request_output_len = k + 1."""
+    plain = greedy(target, PROMPT.tolist(), 5)
+    bad = np.array(plain[:4])
+    bad[1] = (bad[1] + 1) % 96
+    out = _infer(triton.grpc_url, "tensorrt_llm_all", verify_request(PROMPT, bad))
+    assert out["sequence_length"].tolist() == [[5]] and output_tokens(out).tolist() == plain
+    short = _infer(triton.grpc_url, "tensorrt_llm", verify_request(PROMPT, bad))
+    assert output_tokens(short).tolist() == plain[:2]

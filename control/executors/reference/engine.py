@@ -55,6 +55,7 @@ from control.executors.reference.sampling import (
     verify_coupled,
     verify_greedy,
 )
+from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 from control.policy.types import Decision, Policy, StepOutcome, StepView
 from control.policyspec import MAX_K_LIMIT
 
@@ -301,6 +302,11 @@ class ReferenceEngine:
 
     def set_policy(self, policy: Policy) -> None:
         self.policy = policy
+
+    @property
+    def verify_granularity(self) -> VerifyGranularity:
+        """Per request: each request's verify segment holds exactly its own k + 1 tokens."""
+        return PER_REQUEST
 
     @property
     def free_kv_slots(self) -> int:

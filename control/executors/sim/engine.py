@@ -37,6 +37,7 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.executors.sim.acceptance import AcceptanceProcess
+from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 from control.goodput.stepcost import StepCostModel
 from control.policy.simple import NonePolicy
 from control.policy.types import Decision, StepOutcome, StepView
@@ -57,6 +58,7 @@ class SimConfig:
     record_series: bool = True
     verify_expansion: bool = False  # verification by batch expansion: k + 1 KV reads per request
     host_token_ms: float = 0.0  # host time per generated token (output processing), serial with the GPU
+    verify: VerifyGranularity = PER_REQUEST  # what the simulated target verifies (padded: K + 1 whatever k)
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_tokens", "token_budget"):
@@ -167,7 +169,7 @@ class SimEngine:
         tgt = cost.target
         self._rng = np.random.default_rng([cfg.seed, 23])
         has_prune = callable(getattr(policy, "prune", None))
-        ff_plain = isinstance(policy, NonePolicy) and not cfg.noise
+        ff_plain = isinstance(policy, NonePolicy) and not cfg.noise and not cfg.verify.always
         zeros_n = np.zeros(S, dtype=I64)
         ones_n = np.ones(S, dtype=I64)
 
@@ -277,7 +279,7 @@ class SimEngine:
                 free_kv_slots=int(cfg.kv_tokens - kv_used), token_budget=cfg.token_budget, max_k=K,
                 drafters=drafters, now=now, step=step,
                 category=cat_dec,
-                prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=waiting,
+                prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=waiting, verify=cfg.verify,
             )
             decision: Decision = policy.decide(view)
             prefill_draft = bool(decision.prefill_draft)
@@ -374,7 +376,8 @@ class SimEngine:
                 # each verified token is its own sequence over the request's KV up to its position
                 v_ctx += float((verified * ctx).sum() + (verified * (verified + 1)).sum() / 2)
                 v_seqs += vsum
-            t_verify = tgt.predict(v_ctx, float(n + vsum + ch_tok), 1, v_seqs) + cost.overhead_ms
+            v_tok = n + vsum if cfg.verify.per_request else int(cfg.verify.verified_tokens(k).sum())
+            t_verify = tgt.predict(v_ctx, float(v_tok + ch_tok), 1, v_seqs) + cost.overhead_ms
             if n:
                 t_verify += cfg.host_token_ms * float(gen_step.sum())
             t_verify = self._noisy(t_verify, self._sigma_t)

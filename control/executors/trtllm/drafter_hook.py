@@ -47,6 +47,7 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.executors.trtllm import require_tensorrt_llm
+from control.executors.trtllm.granularity import hook_granularity
 from control.executors.trtllm.orchestrator import ngram_propose
 from control.policy.types import I64, Policy, StepOutcome, StepView
 
@@ -75,6 +76,8 @@ class KPlanner:
         self.last_k = np.zeros(0, dtype=I64)  # the last iteration's k per request (for stats)
         self._client: dict[int, int] = {}  # executor request id -> LLM API request id
         self.totals: dict[int, list[int]] = {}  # LLM API request id -> [drafted, accepted] so far
+        # TensorRT-LLM pads every draft to the static max K right after the hook: k changes drafting only
+        self.verify = hook_granularity(self.max_k)
 
     def set_cap(self, client_id: int, cap: int | None) -> None:
         """Cap k for one request (its LLM API request id); None removes the cap."""
@@ -117,7 +120,8 @@ class KPlanner:
         view = StepView.build(slots=slots, request_ids=np.asarray(rids, dtype=I64), ctx_lens=ctx_lens,
                               remaining=remaining, drafters=self.drafters, max_k=self.max_k,
                               free_kv_slots=self.token_budget * 64, token_budget=self.token_budget, k_cap=k_cap,
-                              drafter=np.zeros(n, dtype=I64), step=self._step, now=time.monotonic())
+                              drafter=np.zeros(n, dtype=I64), step=self._step, now=time.monotonic(),
+                              verify=self.verify)
         self._step += 1
         k = np.asarray(self.policy.decide(view).k, dtype=I64)
         self.last_k = k

@@ -8,7 +8,9 @@ Each ``step()`` serves every active request once:
    request each: the whole sequence in, k tokens out) or from n-gram prompt lookup in process;
 3. verification: one ``tensorrt_llm`` request per active request (the sequence plus its drafts as
    ``draft_input_ids``, ``request_output_len`` = k + 1); the target's answer is the truth, so output
-   is identical to non-speculative greedy decoding whatever the drafts were;
+   is identical to non-speculative greedy decoding whatever the drafts were. Every token it returns
+   is output: the accepted prefix plus one (what the stand-in engines answer by default) or all
+   k + 1 (an engine that goes on decoding to ``request_output_len``, as the stock BLS expects);
 4. new tokens stream to the request's sink at once; the controller observes the outcome.
 
 A request whose draft or verify call fails (the engine answered it with an error) ends with that
@@ -32,7 +34,8 @@ from typing import Protocol
 import numpy as np
 
 from control.errors import ConfigError, SpecctlError
-from control.executors.trtllm.tensors import generate_request, output_tokens, verify_request
+from control.executors.trtllm.granularity import BLS_GRANULARITY
+from control.executors.trtllm.tensors import generate_request, output_tokens, verified_tokens, verify_request
 from control.plan import Plan, parse_plan
 from control.policy.types import I64, Policy, StepOutcome, StepView
 
@@ -131,6 +134,9 @@ class SpecOrchestrator:
     record: bool = False
     history: list[StepRecord] = field(default_factory=list)
 
+    # each request reaches the target engine with exactly its own k drafts (``verify_request``)
+    verify_granularity = BLS_GRANULARITY
+
     def __post_init__(self) -> None:
         if self.drafter not in ("draft_target", "ngram"):
             raise ConfigError(f"drafter '{self.drafter}': the BLS orchestrator drafts with draft_target or ngram")
@@ -211,21 +217,14 @@ class SpecOrchestrator:
         view = StepView.build(slots=slots, request_ids=rids, ctx_lens=ctx, remaining=remaining,
                               drafters=self._drafters, max_k=self.max_k, free_kv_slots=self.token_budget * 64,
                               token_budget=self.token_budget, k_cap=k_cap, drafter=np.zeros(n, dtype=I64),
-                              step=self._step, now=time.monotonic())
+                              step=self._step, now=time.monotonic(), verify=self.verify_granularity)
         decision = self.policy.decide(view)
         k = np.minimum(np.asarray(decision.k, dtype=I64), np.maximum(np.minimum(k_cap, remaining - 1), 0))
 
         failed: dict[int, str] = {}  # index in reqs -> message
         drafts = self._draft(reqs, k, failed)
         t1 = time.perf_counter()
-        live = [i for i in range(n) if i not in failed]
-        answers: list = [None] * n
-        verify = [verify_request(reqs[i].seq, drafts[i], reqs[i].end_id) for i in live]
-        for i, ans in zip(live, self._call(self.target_model, verify), strict=True):
-            if isinstance(ans, Exception):
-                failed[i] = f"{self.target_model}: {ans}"
-            else:
-                answers[i] = ans
+        answers = self._verify(reqs, drafts, failed)
         t2 = time.perf_counter()
 
         drafted = np.fromiter((d.size for d in drafts), I64, n)
@@ -237,28 +236,11 @@ class SpecOrchestrator:
                 drafted[i] = 0
                 continue
             try:
-                new = output_tokens(ans)
+                new, accepted[i], done = self._commit(r, d, ans)
             except SpecctlError as e:
-                failed[i] = f"{self.target_model}: {e}"
+                failed[i] = f"{self.target_model}: request {r.rid}: {e}"
                 drafted[i] = 0
                 continue
-            if new.size == 0:
-                failed[i] = f"{self.target_model} returned no token for request {r.rid}"
-                drafted[i] = 0
-                continue
-            m = min(d.size, new.size - 1)
-            accepted[i] = int(np.argmin(np.append(new[:m] == d[:m], False))) if m > 0 else 0
-            new = new[: accepted[i] + 1] if new.size > accepted[i] + 1 else new
-            new = new[: r.max_tokens - r.generated]
-            done = r.generated + new.size >= r.max_tokens
-            if r.end_id is not None:
-                hit = np.flatnonzero(new == r.end_id)
-                if hit.size:
-                    new = new[: hit[0] + 1]
-                    done = True
-            r.seq = np.concatenate([r.seq, new])
-            r.drafted_total += int(d.size)
-            r.accepted_total += int(accepted[i])
             emitted[i] = new.size
             if done:
                 finished.append((r, new))
@@ -293,6 +275,35 @@ class SpecOrchestrator:
         raise SpecctlError(f"requests still active after {max_steps} steps")
 
     # -- internals -----------------------------------------------------------------------------------
+    def _verify(self, reqs: list[_Req], drafts: list[np.ndarray], failed: dict[int, str]) -> list:
+        """One target request per request not failed yet; the answers (None where it failed)."""
+        live = [i for i in range(len(reqs)) if i not in failed]
+        answers: list = [None] * len(reqs)
+        asks = [verify_request(reqs[i].seq, drafts[i], reqs[i].end_id) for i in live]
+        for i, ans in zip(live, self._call(self.target_model, asks), strict=True):
+            if isinstance(ans, Exception):
+                failed[i] = f"{self.target_model}: {ans}"
+            else:
+                answers[i] = ans
+        return answers
+
+    @staticmethod
+    def _commit(r: _Req, draft: np.ndarray, answer) -> tuple[np.ndarray, int, bool]:
+        """Append what the target returned (accepted + 1 .. k + 1 of its tokens), cut at max_tokens
+        and after end_id; returns (new tokens, drafts accepted, whether the request is done)."""
+        new, accepted = verified_tokens(answer, draft)
+        new = new[: r.max_tokens - r.generated]
+        done = r.generated + new.size >= r.max_tokens
+        if r.end_id is not None:
+            hit = np.flatnonzero(new == r.end_id)
+            if hit.size:
+                new = new[: hit[0] + 1]
+                done = True
+        r.seq = np.concatenate([r.seq, new])
+        r.drafted_total += int(draft.size)
+        r.accepted_total += accepted
+        return new, accepted, done
+
     def _call(self, model: str, requests: list[dict[str, np.ndarray]]) -> list:
         if not requests:
             return []

@@ -5,8 +5,9 @@ the same input and output tensors (``tensors``), the same answers for greedy dec
 
 - no ``draft_input_ids``: generate ``request_output_len`` tokens (stop after ``end_id``);
 - with ``draft_input_ids``: one pass over the sequence plus the drafts, accept the longest draft
-  prefix the model agrees with, and answer it plus the model's own next token (what TensorRT-LLM's
-  draft_tokens_external engines return for ``request_output_len`` = k + 1).
+  prefix the model agrees with, and answer it plus the model's own next token (``verify_output``
+  "accepted"); or, with "all", go on decoding until ``request_output_len`` = k + 1 tokens (or
+  ``end_id``), the shape the stock BLS's ``_spec_generate`` consumes. Callers must read both.
 
 Every request is independent (the whole sequence is resent each step, as with the real engines,
 which reuse its KV cache; here it is recomputed).
@@ -20,11 +21,17 @@ import torch
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
 from control.executors.trtllm.tensors import check_request
 
+# What a verify request answers: the accepted prefix plus one token, or all request_output_len tokens.
+VERIFY_OUTPUTS = ("accepted", "all")
+
 
 class ReferenceTrtllmModel:
     """A greedy tensorrtllm-semantics model over a reference ``LlamaForCausalLM``."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: LlamaForCausalLM, verify_output: str = "accepted") -> None:
+        if verify_output not in VERIFY_OUTPUTS:
+            raise ValueError(f"verify_output {verify_output!r}: use one of {', '.join(VERIFY_OUTPUTS)}")
+        self.verify_output = verify_output
         self.model = model.eval()
         self.dtype = next(model.parameters()).dtype
         self.calls = 0
@@ -68,6 +75,8 @@ class ReferenceTrtllmModel:
             if out_len != draft.size + 1:
                 raise ValueError(f"request_output_len {out_len} with {draft.size} draft tokens: expected {draft.size + 1}")
             toks = self._verify(ids, draft, end_id)
+            if self.verify_output == "all" and toks.size < out_len and (end_id is None or toks[-1] != end_id):
+                toks = np.concatenate([toks, self._greedy(np.concatenate([ids, toks]), out_len - toks.size, end_id)])
         else:
             toks = self._greedy(ids, out_len, end_id)
         if not bool(np.asarray(req.get("exclude_input_in_output", [[False]])).reshape(-1)[0]):

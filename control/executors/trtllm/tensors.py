@@ -5,8 +5,10 @@ BLS uses them (``tensorrt_llm_bls/1/lib/triton_decoder.py``):
 - draft step: ``input_ids`` = the whole sequence so far, ``request_output_len`` = k; the response's
   ``output_ids`` hold the draft tokens (``exclude_input_in_output``: true in our configs).
 - verify step: ``input_ids`` = the same sequence, ``draft_input_ids`` = the k draft tokens,
-  ``request_output_len`` = k + 1; the response holds the accepted draft prefix plus the target's
-  own next token.
+  ``request_output_len`` = k + 1; the response holds the target's own tokens: the accepted draft
+  prefix, its next token and, from an engine that goes on decoding to ``request_output_len`` (the
+  stock BLS's ``_spec_generate`` appends all target ``output_ids``), plain decoding after that, up
+  to k + 1 tokens in all. ``verified_tokens`` reads either shape.
 - shapes carry a leading batch dimension of 1; ``output_ids`` is [1, beam, T], ``sequence_length``
   [1, beam].
 """
@@ -96,6 +98,24 @@ def output_tokens(resp: dict[str, np.ndarray]) -> np.ndarray:
                            f"with exclude_input_in_output: true?") from None
     ids = ids.reshape(-1) if ids.ndim <= 1 else ids.reshape(ids.shape[0], -1, ids.shape[-1])[0, 0]
     return ids[:n].astype(np.int64)
+
+
+def verified_tokens(resp: dict[str, np.ndarray], draft: np.ndarray) -> tuple[np.ndarray, int]:
+    """The target's new tokens from a verify response, and how many of ``draft`` it accepted.
+
+    Every returned token is the target's own (the accepted prefix equals the drafts it matched), so
+    all of them are output, whether the engine answered accepted + 1 tokens or the full k + 1.
+    """
+    new = output_tokens(resp)  # [n], 1 <= n <= k + 1
+    k = int(np.asarray(draft).size)
+    if new.size == 0:
+        raise SpecctlError("the target returned no token for a verify request")
+    if new.size > k + 1:
+        raise SpecctlError(f"the target returned {new.size} tokens for {k} draft tokens (request_output_len {k + 1}); "
+                           f"set exclude_input_in_output to true in the tensorrt_llm model's config")
+    m = min(k, new.size - 1)
+    accepted = int(np.argmin(np.append(new[:m] == np.asarray(draft)[:m], False))) if m > 0 else 0
+    return new, accepted
 
 
 def check_request(req: dict[str, np.ndarray]) -> tuple[np.ndarray, int, np.ndarray, int | None]:

@@ -5,7 +5,8 @@ A Triton Python model that serves the rendered ``tensorrt_llm`` config unchanged
 tensors.py``), ``gpt_model_path`` naming the engine directory (here a Hugging Face checkpoint of
 the reference Llama), and the backend's semantics for greedy decoding through
 ``control.executors.trtllm.reference_driver`` (``request_output_len`` tokens after ``input_ids``;
-with ``draft_input_ids``, the accepted draft prefix plus the model's own next token;
+with ``draft_input_ids``, the accepted draft prefix plus the model's own next token, or with the
+stand-in parameter ``standin_verify_output: all`` every one of the k + 1 tokens asked for;
 ``exclude_input_in_output`` defaulting to the config parameter; ``streaming`` refused, as the real
 backend refuses it on a model that is not decoupled, which the rendered configs are not).
 
@@ -38,7 +39,8 @@ class TritonPythonModel:
         self.exclude_default = params.get("exclude_input_in_output", "false").lower() == "true"
         model = load_pretrained(params["gpt_model_path"], dtype=torch.float64)
         self.vocab = model.config.vocab_size
-        self.engine = ReferenceTrtllmModel(model)
+        # stand-in only: "all" answers a verify with request_output_len tokens (see reference_driver)
+        self.engine = ReferenceTrtllmModel(model, verify_output=params.get("standin_verify_output", "accepted"))
         declared = {i["name"] for i in cfg["input"]}
         self.inputs = sorted(declared & INPUT_NAMES)
 
