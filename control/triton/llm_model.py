@@ -18,6 +18,12 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
   in the executor before a step, which frees its KV slot at once: before each step a fixed number of
   the running and of the queued requests are asked in turn (``CancelWatch``), so the loop's own work
   per step does not grow with the queue; an error in one request or one step never takes the loop down.
+- Errors are errors: a refused request raises out of ``execute`` (Triton counts it in
+  ``nv_inference_request_failure``); a step that fails answers every request in it with an error
+  response carrying the final flag and counts them in ``specctl_requests_total{outcome="failed"}``.
+  Triton's own counter cannot see those: the Python backend reports a decoupled request's outcome
+  when ``execute`` returns (``python_be.cc``, ``PbMetricReporter``), before any token is made.
+  ``control/triton/faults.py`` can inject such a failure for the tests.
 - A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
   agent follows, the last step's k) as JSON in ``text_output``.
 """
@@ -36,6 +42,7 @@ import numpy as np
 from control.agent.wire import K_BUCKETS
 from control.errors import ConfigError
 from control.triton.cancel_watch import CancelWatch
+from control.triton.faults import failing_step, step_fault_prefix
 from control.triton.llm_request import (
     GenerateRequest,
     Limits,
@@ -85,6 +92,8 @@ class LlmModel(ResponseSender):
         self._last_k: list[int] = []
         self._k_hist = np.zeros(K_BUCKETS, dtype=np.int64)  # request-steps by k
         self._watch = CancelWatch()
+        prefix = step_fault_prefix()
+        self._step = failing_step(self.engine.step, self.live, prefix) if prefix else self.engine.step
         self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
         self._thread.start()
         if self.agent is not None:
@@ -170,7 +179,7 @@ class LlmModel(ResponseSender):
             self._reap_cancelled()
             try:
                 with self._reg:
-                    outs = engine.step()
+                    outs = self._step()
             except Exception as e:  # a failed step fails the requests in it, never the loop
                 self._step_failed(e)
                 continue
