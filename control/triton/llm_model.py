@@ -11,7 +11,8 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
   and starts the loop thread.
 - ``execute`` (decoupled) validates each request, registers it with the executor and returns at
   once; a bad request gets a Triton error naming the value and what is accepted, and nobody else is
-  affected.
+  affected. A text prompt over 4 KiB is tokenised on a thread of its own (``tokenize_worker.py``),
+  without the GIL, so it holds up neither the requests behind it nor the engine loop.
 - The loop thread steps the executor whenever it has work and sleeps on a condition otherwise. Each
   step's new tokens go out through that request's response sender (text detokenised incrementally,
   never splitting a multi-byte character); a request whose client cancelled or went away is cancelled
@@ -132,6 +133,10 @@ class LlmModel(ResponseSender):
                                                    default_drafter=p.drafter or None))
         tok = loaded.tokenizer
         self._encode = loaded.encode
+        bos = [] if loaded.bos_token_id is None else [loaded.bos_token_id]
+        # encode_batch tokenises without the GIL (encode holds it much of the time), so the engine
+        # loop and execute() run on while a large prompt is tokenised; the same ids as encode.
+        self._encode_large = lambda s: bos + tok.encode_batch([s], add_special_tokens=False)[0].ids
         self._encode_words = lambda s: tok.encode(s, add_special_tokens=False).ids
         self._decode = loaded.decode
 
@@ -139,6 +144,7 @@ class LlmModel(ResponseSender):
 
     def finalize(self) -> None:
         t0 = time.monotonic()
+        self._close_tokenizer()
         with self._cond:
             self._stop = True
             self._cond.notify_all()
