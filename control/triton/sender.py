@@ -234,6 +234,7 @@ class ResponseSender:
         self.outputs = {o["name"] for o in self.config.get("output", [])}
         self.metrics = LlmMetrics(pb, self.config.get("name", "llm"))
         self._tokenizer = TokenizeWorker(f"{self.instance}-tokenize".replace(" ", "-"))
+        self._encode_large: Callable[[str], list[int]] | None = None  # a flavour may set a GIL-free encode
         return self.params
 
     def _close_tokenizer(self) -> None:
@@ -276,7 +277,7 @@ class ResponseSender:
         """On the tokenising thread: tokenise a large prompt, then start the request (or refuse it:
         Triton has counted it already, so the refusal counts in ``specctl_requests_total`` only)."""
         try:
-            ids = getattr(self, "_encode_large", self._encode)(parsed.prompt_text)
+            ids = (self._encode_large or self._encode)(parsed.prompt_text)
             self._submit(dataclasses.replace(parsed, prompt_ids=ids, tokenize_later=False), sender)
             return
         except ConfigError as e:
