@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from control.clients.triton import GenParams, grpc_inputs
 from control.frontend.protocol import OpenAIError
+from control.triton.forward_model import model_message
 
 UNAVAILABLE_MARKERS = ("StatusCode.UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
 
@@ -46,7 +47,7 @@ def _piece(r) -> Piece:
 
 
 def _error(message: str) -> OpenAIError:
-    m = " ".join(str(message).split())
+    m = " ".join(model_message(str(message)).split())
     if any(s in m for s in UNAVAILABLE_MARKERS):
         return OpenAIError(503, f"the model server is not reachable ({m[:200]})")
     return OpenAIError(400, m[:500])

@@ -4,8 +4,9 @@ Bodies reach this code only after ``limits`` has checked them. ``generate`` / ``
 bodies for the llm model and its aliases are checked against the request contract first
 (``check_generate_body``): Triton's JSON layer would answer a wrong type with a 500 that names no
 field, truncate integers to int32 and ignore a misspelt field; those get a 400 naming the field.
-Responses stream through unchanged (``generate_stream`` is server-sent events). Hop-by-hop headers
-are not forwarded.
+Responses stream through unchanged (``generate_stream`` is server-sent events), except a ``generate``
+error, which keeps only the model's own words (Triton wraps what a Python model raised in
+``Failed to process the request(s) ...`` and its frames). Hop-by-hop headers are not forwarded.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import re
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from control.errors import ConfigError
 from control.frontend.protocol import OpenAIError
+from control.triton.forward_model import model_message
 from control.triton.llm_request import check_generate_body
 
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host",
@@ -45,6 +47,22 @@ def _generate_error(path: str, body: bytes) -> str | None:
     return None
 
 
+async def _model_error(r: httpx.Response) -> JSONResponse:
+    """Triton's error for a generate request, with the model's own words only (no ``Failed to process
+    the request(s)`` wrapper, no Python frames)."""
+    try:
+        raw = await r.aread()
+    finally:
+        await r.aclose()
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return Response(raw, status_code=r.status_code, media_type=r.headers.get("content-type"))
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        doc["error"] = model_message(doc["error"])
+    return JSONResponse(doc, status_code=r.status_code)
+
+
 def register(app: FastAPI) -> None:
     @app.api_route("/v2", methods=METHODS)
     @app.api_route("/v2/{path:path}", methods=METHODS)
@@ -61,4 +79,6 @@ def register(app: FastAPI) -> None:
         except httpx.HTTPError as e:
             raise OpenAIError(503, f"Triton's HTTP endpoint is not reachable ({type(e).__name__}: {e})") from None
         out = {k: v for k, v in r.headers.items() if k.lower() not in HOP_HEADERS}
+        if r.status_code >= 400 and GENERATE_PATH.fullmatch(path) and "json" in r.headers.get("content-type", ""):
+            return await _model_error(r)
         return StreamingResponse(r.aiter_raw(), status_code=r.status_code, headers=out, background=BackgroundTask(r.aclose))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from typing import Any
 
@@ -34,8 +35,17 @@ from control.triton.llm_request import check_parameters
 log = logging.getLogger("specctl.triton.forward")
 
 TARGET = "llm"
+# How Triton wraps the error a BLS request's model raised: the model's own words follow it.
+_BLS_WRAPPER = re.compile(r"^Failed to process the request\(s\) for model '[^']*', message: (?:\w+Exception: )?")
 TEXT = "text_output"
 MAX_ROWS = 64  # rows in one batched request
+
+
+def model_message(text: str) -> str:
+    """``llm``'s own message from the error of a BLS request to it: without Triton's wrapper
+    (``Failed to process the request(s) for model 'llm_0_0', message: ...``) and the Python frames
+    after ``At:``, so a client of an alias reads what a client of ``llm`` reads."""
+    return _BLS_WRAPPER.sub("", text).split("\nAt:")[0].strip()
 
 
 class ForwardModel:
@@ -115,7 +125,7 @@ class ForwardModel:
         for b, responses in enumerate(iters):
             for r in responses:
                 if r.has_error():
-                    item = (None, r.error().message())
+                    item = (None, model_message(r.error().message()))
                 else:
                     outs = self._batched(r, b)
                     if not outs:  # a flags-only final response
@@ -139,7 +149,7 @@ class ForwardModel:
         for row in rows:
             r = self._request(row, wanted).exec()
             if r.has_error():
-                self._send_error(sender, r.error().message(), final=True)
+                self._send_error(sender, model_message(r.error().message()), final=True)
                 return
             per_row.append({t.name(): t.as_numpy() for t in r.output_tensors()})
         pad = next((int(np.asarray(row[k]).reshape(-1)[0]) for k in ("pad_id", "end_id") if k in rows[0]), 0)

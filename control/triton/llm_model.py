@@ -11,13 +11,20 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
   and starts the loop thread.
 - ``execute`` (decoupled) validates each request, registers it with the executor and returns at
   once; a bad request gets a Triton error naming the value and what is accepted, and nobody else is
-  affected.
+  affected. A text prompt over 4 KiB is tokenised on a thread of its own (``tokenize_worker.py``),
+  without the GIL, so it holds up neither the requests behind it nor the engine loop.
 - The loop thread steps the executor whenever it has work and sleeps on a condition otherwise. Each
   step's new tokens go out through that request's response sender (text detokenised incrementally,
   never splitting a multi-byte character); a request whose client cancelled or went away is cancelled
   in the executor before a step, which frees its KV slot at once: before each step a fixed number of
   the running and of the queued requests are asked in turn (``CancelWatch``), so the loop's own work
   per step does not grow with the queue; an error in one request or one step never takes the loop down.
+- Errors are errors: a refused request raises out of ``execute`` (Triton counts it in
+  ``nv_inference_request_failure``); a step that fails answers every request in it with an error
+  response carrying the final flag and counts them in ``specctl_requests_total{outcome="failed"}``.
+  Triton's own counter cannot see those: the Python backend reports a decoupled request's outcome
+  when ``execute`` returns (``python_be.cc``, ``PbMetricReporter``), before any token is made.
+  ``control/triton/faults.py`` can inject such a failure for the tests.
 - A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
   agent follows, the last step's k) as JSON in ``text_output``.
 """
@@ -36,6 +43,7 @@ import numpy as np
 from control.agent.wire import K_BUCKETS
 from control.errors import ConfigError
 from control.triton.cancel_watch import CancelWatch
+from control.triton.faults import failing_step, step_fault_prefix
 from control.triton.llm_request import (
     GenerateRequest,
     Limits,
@@ -85,6 +93,8 @@ class LlmModel(ResponseSender):
         self._last_k: list[int] = []
         self._k_hist = np.zeros(K_BUCKETS, dtype=np.int64)  # request-steps by k
         self._watch = CancelWatch()
+        prefix = step_fault_prefix()
+        self._step = failing_step(self.engine.step, self.live, prefix) if prefix else self.engine.step
         self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
         self._thread.start()
         if self.agent is not None:
@@ -123,6 +133,10 @@ class LlmModel(ResponseSender):
                                                    default_drafter=p.drafter or None))
         tok = loaded.tokenizer
         self._encode = loaded.encode
+        bos = [] if loaded.bos_token_id is None else [loaded.bos_token_id]
+        # encode_batch tokenises without the GIL (encode holds it much of the time), so the engine
+        # loop and execute() run on while a large prompt is tokenised; the same ids as encode.
+        self._encode_large = lambda s: bos + tok.encode_batch([s], add_special_tokens=False)[0].ids
         self._encode_words = lambda s: tok.encode(s, add_special_tokens=False).ids
         self._decode = loaded.decode
 
@@ -130,6 +144,7 @@ class LlmModel(ResponseSender):
 
     def finalize(self) -> None:
         t0 = time.monotonic()
+        self._close_tokenizer()
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -170,7 +185,7 @@ class LlmModel(ResponseSender):
             self._reap_cancelled()
             try:
                 with self._reg:
-                    outs = engine.step()
+                    outs = self._step()
             except Exception as e:  # a failed step fails the requests in it, never the loop
                 self._step_failed(e)
                 continue

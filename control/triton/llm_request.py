@@ -106,6 +106,8 @@ class GenerateRequest:
     include_input: bool = False  # exclude_input_in_output was given as false (upstream's default output)
     prompt_text: str = ""
     perf_metrics: bool = False  # return_perf_metrics
+    # The prompt text is to be tokenised off execute() (prompt_ids is empty until then).
+    tokenize_later: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +208,10 @@ def _neutral_inputs(tensors: Mapping[str, np.ndarray | None]) -> None:
             raise ConfigError(f"{name} = {_show(v)}: only {str(neutral).lower()} is accepted ({why})")
 
 
-def _prompt(tensors: Mapping[str, np.ndarray | None], limits: Limits,
-            encode: Callable[[str], list[int]]) -> tuple[list[int], str]:
-    """(prompt token ids, prompt text or '' for input_ids); sizes are checked before tokenising."""
+def _prompt(tensors: Mapping[str, np.ndarray | None], limits: Limits, encode: Callable[[str], list[int]],
+            inline_bytes: int | None = None) -> tuple[list[int] | None, str]:
+    """(prompt token ids, prompt text or '' for input_ids); sizes are checked before tokenising. The ids
+    are None for a text over ``inline_bytes`` bytes: the caller tokenises it later."""
     if _given(tensors, "input_ids"):
         a = np.asarray(tensors["input_ids"])
         if not np.issubdtype(a.dtype, np.integer):
@@ -226,11 +229,13 @@ def _prompt(tensors: Mapping[str, np.ndarray | None], limits: Limits,
     if raw.size == 1 and isinstance(raw[0], bytes) and len(raw[0]) > limits.max_prompt_bytes:
         raise ConfigError(f"text_input is {len(raw[0])} bytes: at most {limits.max_prompt_bytes} on this deployment")
     text = _text("text_input", tensors["text_input"])
-    if len(text.encode("utf-8", "replace")) > limits.max_prompt_bytes:
-        raise ConfigError(f"text_input is {len(text.encode('utf-8', 'replace'))} bytes: at most "
-                          f"{limits.max_prompt_bytes} on this deployment")
+    size = len(text.encode("utf-8", "replace"))
+    if size > limits.max_prompt_bytes:
+        raise ConfigError(f"text_input is {size} bytes: at most {limits.max_prompt_bytes} on this deployment")
     if not text.strip():
         raise ConfigError("text_input is empty: give the prompt text to continue")
+    if inline_bytes is not None and size > inline_bytes:
+        return None, text
     return encode(text), text
 
 
@@ -259,8 +264,12 @@ def _policy_cap(tensors: Mapping[str, np.ndarray | None], deployment_policy: str
 
 
 def parse_request(tensors: Mapping[str, np.ndarray | None], *, limits: Limits, encode: Callable[[str], list[int]],
-                  encode_words: Callable[[str], list[int]], deployment_policy: str) -> GenerateRequest | StatsRequest:
-    """Validate one request's tensors; ``encode`` tokenises a prompt, ``encode_words`` a stop/bad word."""
+                  encode_words: Callable[[str], list[int]], deployment_policy: str,
+                  inline_prompt_bytes: int | None = None) -> GenerateRequest | StatsRequest:
+    """Validate one request's tensors; ``encode`` tokenises a prompt, ``encode_words`` a stop/bad word.
+
+    A text prompt over ``inline_prompt_bytes`` (None: no limit) is not tokenised here: the request
+    comes back with ``tokenize_later`` set and empty ``prompt_ids``."""
     get = tensors.get
     if _given(tensors, "stats") and _flag("stats", get("stats")):
         return StatsRequest()
@@ -279,15 +288,15 @@ def parse_request(tensors: Mapping[str, np.ndarray | None], *, limits: Limits, e
     exclude = _flag("exclude_input_in_output", get("exclude_input_in_output")) \
         if _given(tensors, "exclude_input_in_output") else True
     perf = _flag("return_perf_metrics", get("return_perf_metrics")) if _given(tensors, "return_perf_metrics") else False
-    prompt, prompt_text = _prompt(tensors, limits, encode)
+    prompt, prompt_text = _prompt(tensors, limits, encode, inline_prompt_bytes)
     stop, stop_texts = _words("stop_words", get("stop_words"), encode_words) if get("stop_words") is not None else ([], ())
     bad, bad_texts = _words("bad_words", get("bad_words"), encode_words) if get("bad_words") is not None else ([], ())
     params = SamplingParams(max_tokens=int(max_tokens), temperature=float(vals.get("temperature", 0.0)),
                             top_k=int(vals.get("top_k", 0)), top_p=float(vals.get("top_p", 1.0)),
                             random_seed=vals.get("random_seed"), stop_words=stop, bad_words=bad,
                             num_draft_tokens=vals.get("num_draft_tokens"), end_id=vals.get("end_id"))
-    return GenerateRequest(prompt, params, stream, stop_texts, bad_texts, include_input=not exclude and not stream,
-                           prompt_text=prompt_text, perf_metrics=perf)
+    return GenerateRequest(prompt or [], params, stream, stop_texts, bad_texts, include_input=not exclude and not stream,
+                           prompt_text=prompt_text, perf_metrics=perf, tokenize_later=prompt is None)
 
 
 _JSON_RANGES = {"INT32": (-(2**31), INT32_MAX), "UINT64": (0, UINT64_MAX)}

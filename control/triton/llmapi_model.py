@@ -385,6 +385,7 @@ class LlmApiModel(ResponseSender):
 
     def finalize(self) -> None:
         t0 = time.monotonic()
+        self._close_tokenizer()
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         except Exception as e:

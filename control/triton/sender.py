@@ -4,6 +4,7 @@ request-to-response plumbing through Triton's response senders)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -24,6 +25,7 @@ from control.triton.llm_request import (
     check_parameters,
     parse_request,
 )
+from control.triton.tokenize_worker import INLINE_PROMPT_BYTES, TokenizeWorker
 
 log = logging.getLogger("specctl.triton.llm")
 
@@ -232,7 +234,13 @@ class ResponseSender:
         self.params = ModelParams.from_config(self.config)
         self.outputs = {o["name"] for o in self.config.get("output", [])}
         self.metrics = LlmMetrics(pb, self.config.get("name", "llm"))
+        self._tokenizer = TokenizeWorker(f"{self.instance}-tokenize".replace(" ", "-"))
+        self._encode_large: Callable[[str], list[int]] | None = None  # a flavour may set a GIL-free encode
         return self.params
+
+    def _close_tokenizer(self) -> None:
+        """Stop the tokenising thread; requests still waiting for it get an error."""
+        self._tokenizer.close()
 
     def execute(self, requests) -> str | None:
         """Parse each request and start it; a refused request gets an error naming the value.
@@ -248,6 +256,9 @@ class ResponseSender:
                 sender = request.get_response_sender()
                 if isinstance(parsed, StatsRequest):
                     self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
+                elif parsed.tokenize_later:
+                    self._tokenizer.put(lambda p=parsed, s=sender: self._tokenize_and_submit(p, s),
+                                        lambda s=sender: self._send_error(s, "the server is shutting down; retry it"))
                 else:
                     self._submit(parsed, sender)  # ConfigError: nothing was queued
                 continue
@@ -263,6 +274,22 @@ class ResponseSender:
             self._send_error(sender or request.get_response_sender(), message)
         return None
 
+    def _tokenize_and_submit(self, parsed: GenerateRequest, sender) -> None:
+        """On the tokenising thread: tokenise a large prompt, then start the request (or refuse it:
+        Triton has counted it already, so the refusal counts in ``specctl_requests_total`` only)."""
+        try:
+            ids = (self._encode_large or self._encode)(parsed.prompt_text)
+            self._submit(dataclasses.replace(parsed, prompt_ids=ids, tokenize_later=False), sender)
+            return
+        except ConfigError as e:
+            message = str(e)
+        except Exception as e:  # a bug must not take the instance down: fail this request only
+            log.exception("llm: starting a request failed")
+            message = f"internal error ({type(e).__name__}) while starting this request; see the server log"
+        self.counters.rejected += 1
+        self.metrics.rejected()
+        self._send_error(sender, message)
+
     def _parse(self, request) -> GenerateRequest | StatsRequest:
         pb = self.pb
         check_parameters(request.parameters())
@@ -272,7 +299,7 @@ class ResponseSender:
             if t is not None:
                 tensors[name] = t.as_numpy()
         parsed = parse_request(tensors, limits=self.limits, encode=self._encode, encode_words=self._encode_words,
-                               deployment_policy=self.current_policy())
+                               deployment_policy=self.current_policy(), inline_prompt_bytes=INLINE_PROMPT_BYTES)
         if isinstance(parsed, GenerateRequest) and parsed.stream and not self.decoupled:
             raise ConfigError("stream = true: this deployment is not decoupled and answers with one response; "
                               "send stream false (or serve without --non-decoupled)")

@@ -10,7 +10,10 @@ What it takes to run the wheel's server reliably (each learned the hard way):
   LD_LIBRARY_PATH, and the venv's ``bin`` first on PATH.
 - A stub that cannot load its libraries makes the server hang forever instead of failing, so
   readiness is always polled with a deadline, and the log is read back on failure.
-- HTTP, gRPC and metrics bind to loopback unless told otherwise; ``--exit-on-error=true``.
+- gRPC and metrics bind to loopback unless told otherwise; HTTP binds to loopback always
+  (``HTTP_HOST``): one request can crash Triton 2.51's HTTP server (a form-encoded body of ~4 MB,
+  JSON nested ~300,000 deep), so it is only ever reached through specctl's front end, which
+  refuses those. ``--exit-on-error=true``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from control.errors import MissingDependencyError, SpecctlError
+
+HTTP_HOST = "127.0.0.1"  # Triton's HTTP server listens here whatever ``host`` is (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,7 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.ports['http']}"
+        return f"http://{HTTP_HOST}:{self.ports['http']}"
 
     @property
     def grpc_url(self) -> str:
@@ -187,12 +192,13 @@ class TritonServer:
 
     def launch(self) -> TritonServer:
         """Start the process without waiting for readiness (``ready()`` polls it)."""
-        check_ports(self.ports, self.host)
+        check_ports({"http": self.ports["http"]}, HTTP_HOST)
+        check_ports({k: v for k, v in self.ports.items() if k != "http"}, self.host)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         backends = prepare_backends(self.install, self.run_dir) if self.install.stub else self.install.python_backend.parent
         cmd = [
             str(self.install.binary), f"--model-repository={self.model_repo}", f"--backend-directory={backends}",
-            f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
+            f"--http-address={HTTP_HOST}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
             f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
             f"--metrics-port={self.ports['metrics']}", "--exit-on-error=true", "--log-verbose=0", *self.extra_args,
         ]

@@ -1,4 +1,6 @@
-"""Keeps a deployment serving without a person: ``specctl serve`` calls ``Supervisor.check`` twice a second.
+"""Keeps a deployment serving without a person: ``specctl serve`` calls ``Supervisor.check`` every
+``CHECK_INTERVAL_S`` (50 ms; a check reads a few ``/proc`` files), which bounds how long Triton may
+still report itself ready after a stub died.
 
 - The control-plane service exited (killed, crashed): start it again on the same port. It reads its
   overrides and plan version back from the deployment's state file; the agents inside Triton keep
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from control.triton.deploy import Deployment
 
 STUB_NAME = "triton_python_backend_stub"
-CHECK_INTERVAL_S = 0.5
+CHECK_INTERVAL_S = 0.05
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
 PROC = Path("/proc")

@@ -17,6 +17,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FAST_REPLAN = ["--replan-interval", "0.25", "--min-replan", "0.5", "--keepalive", "2"]
 MAX_BATCH = 32
 MAX_TOKENS_LIMIT = 960
+# A prompt starting with these token ids makes the model's engine step fail once it has produced
+# tokens (control/triton/faults.py): the engine-failure path, through the real server.
+FAULT_PREFIX = (3, 1, 4, 1, 5, 9, 2, 6)
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +28,11 @@ def deployment(quick_engines, tmp_path_factory):
     cfg = DeploymentConfig(engine_dir=Path(quick_engines), run_dir=run, http_port=0, grpc_port=0, metrics_port=0,
                            control_port=0, token=TOKEN, max_batch=MAX_BATCH, max_tokens=MAX_TOKENS_LIMIT,
                            service_args=FAST_REPLAN)
-    dep = Deployment(cfg).start()
+    from control.triton.faults import STEP_FAULT_ENV
+
+    with pytest.MonkeyPatch.context() as env:  # tritonserver inherits the environment at start
+        env.setenv(STEP_FAULT_ENV, ",".join(map(str, FAULT_PREFIX)))
+        dep = Deployment(cfg).start()
     yield dep
     dep.stop()
 

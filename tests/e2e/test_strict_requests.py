@@ -148,6 +148,9 @@ def test_huge_prompt_is_refused_by_size_without_delaying_others(deployment):
                        timeout=60)
         errors.append(r.json().get("error", ""))
 
+    t0 = time.monotonic()
+    assert len(grpc_generate(deployment.grpc_url, PROMPTS[2], GenParams(max_tokens=32)).token_ids) == 32
+    alone_s = time.monotonic() - t0
     threads = [threading.Thread(target=send) for _ in range(3)]
     for t in threads:
         t.start()
@@ -158,7 +161,8 @@ def test_huge_prompt_is_refused_by_size_without_delaying_others(deployment):
         t.join(60)
     assert len(small.token_ids) == 32
     assert len(errors) == 3 and all(f"text_input is {10 << 20} bytes" in e for e in errors), errors
-    assert small_s < 5.0  # before: 21.6 s behind three tokenisations of 10 MB
+    print(f"\n32-token request beside three 10 MB prompts: {small_s:.2f} s (alone {alone_s:.2f} s)")
+    assert small_s < alone_s + 0.5  # before: 21.6 s behind three tokenisations of 10 MB
 
 
 def _metric(text: str, name: str) -> float:

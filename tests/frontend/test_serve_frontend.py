@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+from tests.triton.listening import listening_on
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -43,6 +45,7 @@ def test_serve_fronts_triton_and_survives_the_crash_requests(quick_engines, depl
         urls = _endpoints(p)
         http, internal = urls["http"], urls["triton-http"]
         assert http.startswith("http://127.0.0.1:") and internal.startswith("http://127.0.0.1:") and http != internal
+        assert listening_on(int(internal.rsplit(":", 1)[1])) == {"127.0.0.1"}  # Triton's HTTP: loopback only
         assert urls["openai"] == f"{http}/v1"
         form = httpx.post(f"{http}/v2/models/llm/generate", content=b"a=" + b"b" * 4_400_000, timeout=30,
                           headers={"Content-Type": "application/x-www-form-urlencoded"})

@@ -86,3 +86,12 @@ def test_aliases_render_with_a_batch_dimension(tmp_path):
         assert f'name: "{name}"' in cfg and f"max_batch_size: {ALIAS_MAX_BATCH}" in cfg
         assert 'name: "batch_index"' in cfg and "decoupled: false" in cfg and "control_token" not in cfg
     assert "decoupled: false" in (repo / "llm" / "config.pbtxt").read_text()
+
+
+def test_an_alias_passes_on_llm_s_own_message():
+    from control.triton.forward_model import model_message
+
+    raw = ("Failed to process the request(s) for model 'llm_0_0', message: TritonModelException: bad_words: a word "
+           "of 5000 characters; at most 1024\n\nAt:\n  llm(23): execute\n")
+    assert model_message(raw) == "bad_words: a word of 5000 characters; at most 1024"
+    assert model_message("max_tokens = 0: must be >= 1") == "max_tokens = 0: must be >= 1"

@@ -9,6 +9,7 @@ import pytest
 
 from control.errors import SpecctlError
 from control.triton.server import TritonServer, free_ports, free_server_ports, port_free
+from tests.triton.listening import listening_on
 
 CONFIG = """
 backend: "python"
@@ -89,3 +90,16 @@ def test_a_broken_model_fails_fast_with_the_log(repo):
     (repo / "models" / "echo" / "1" / "model.py").write_text("raise RuntimeError('boom at import')\n")
     with pytest.raises(SpecctlError, match="boom at import|exited|not ready"):
         TritonServer(repo / "models", repo / "run", **_ports()).start(timeout_s=60)
+
+
+def test_http_listens_on_loopback_whatever_the_host(repo):
+    """Triton's HTTP server can be crashed by one request; only gRPC and metrics follow ``host``."""
+    ports = _ports()
+    srv = TritonServer(repo / "models", repo / "run", host="127.0.0.2", **ports)
+    with srv:
+        assert listening_on(ports["http_port"]) == {"127.0.0.1"}
+        assert listening_on(ports["grpc_port"]) == {"127.0.0.2"}
+        assert listening_on(ports["metrics_port"]) == {"127.0.0.2"}
+        assert srv.http_url == f"http://127.0.0.1:{ports['http_port']}"
+        with urllib.request.urlopen(f"{srv.http_url}/v2/health/ready", timeout=10) as r:
+            assert r.status == 200

@@ -1,0 +1,94 @@
+"""Model errors through the real server are errors, not successes: an engine failure mid-generation
+reaches the client as an error after the tokens it already had and is counted as failed on Triton's
+metrics port; a refused request raises out of execute(), so Triton counts it in
+``nv_inference_request_failure`` over gRPC as over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import pytest
+import tritonclient.grpc.aio as aio
+
+from control.clients.triton import GenParams, grpc_generate, model_stats, stream_generate
+from tests.e2e.conftest import FAULT_PREFIX
+from tests.e2e.prompts import PROMPTS
+
+pytestmark = pytest.mark.e2e
+
+METRICS_REFRESH_S = 5.0  # Triton refreshes some counters on its own schedule
+
+
+def _counter(text: str, name: str, **labels: str) -> float:
+    """Sum of ``name`` over the series of model llm whose labels include ``labels``."""
+    total = 0.0
+    for m in re.finditer(rf'^{name}\{{([^}}]*)\}} (\S+)$', text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if got.get("model") == "llm" and all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def _metrics(dep) -> str:
+    return httpx.get(dep.metrics_url, timeout=5).text
+
+
+def _wait_counter(dep, name: str, at_least: float, **labels: str) -> float:
+    deadline = time.monotonic() + METRICS_REFRESH_S
+    while True:
+        v = _counter(_metrics(dep), name, **labels)
+        if v >= at_least or time.monotonic() > deadline:
+            return v
+        time.sleep(0.2)
+
+
+def _stream(dep, prompt, params: GenParams):
+    async def run():
+        client = aio.InferenceServerClient(dep.grpc_url)
+        try:
+            return await asyncio.wait_for(stream_generate(client, prompt, params), 60)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def test_an_engine_failure_mid_generation_is_an_error_counted_as_failed(deployment, reference):
+    prompt = list(FAULT_PREFIX) + reference.loaded.encode(PROMPTS[0])
+    before_text, before = _metrics(deployment), model_stats(deployment.http_url)
+    failed0 = _counter(before_text, "specctl_requests_total", outcome="failed")
+    res = _stream(deployment, prompt, GenParams(max_tokens=48))
+    assert res.token_ids, "the fault fires only after the request's first tokens"
+    assert len(res.token_ids) < 48
+    assert res.error is not None and "the engine failed while running this request" in res.error, res.error
+    assert "InjectedFault" in res.error and "retry it" in res.error
+    assert _wait_counter(deployment, "specctl_requests_total", failed0 + 1, outcome="failed") == failed0 + 1
+    after = model_stats(deployment.http_url)
+    assert after["failed"] == before["failed"] + 1 and after["step_errors"] == before["step_errors"] + 1
+    assert after["kv_slots_in_use"] == 0 and after["active_requests"] == 0
+    nv = _counter(_metrics(deployment), "nv_inference_request_failure") - _counter(before_text, "nv_inference_request_failure")
+    print(f"\nengine failure after {len(res.token_ids)} tokens: specctl_requests_total{{outcome=failed}} +1, "
+          f"nv_inference_request_failure +{nv:.0f} (the Python backend counts a decoupled request when execute() returns)")
+    # The engine loop survived its failed step: the next request is served in full.
+    assert len(grpc_generate(deployment.grpc_url, PROMPTS[1], GenParams(max_tokens=8)).token_ids) == 8
+
+
+def test_an_engine_failure_over_http_is_a_server_error_naming_it(deployment, reference):
+    prompt = list(FAULT_PREFIX) + reference.loaded.encode(PROMPTS[2])
+    r = httpx.post(f"{deployment.http_url}/v2/models/llm/generate", json={"input_ids": prompt, "max_tokens": 16},
+                   timeout=60)
+    assert r.status_code >= 400 and "the engine failed while running this request" in r.json()["error"], r.text
+
+
+def test_refused_grpc_requests_count_as_failures_in_triton(deployment):
+    bodies = [GenParams(max_tokens=0), GenParams(max_tokens=4, top_p=0.0), GenParams(max_tokens=4, policy="bogus"),
+              GenParams(max_tokens=4, temperature=-1.0)]
+    before = _counter(_metrics(deployment), "nv_inference_request_failure", reason="BACKEND")
+    for params in bodies:
+        res = _stream(deployment, PROMPTS[3], params)
+        assert res.error is not None and res.token_ids == [], res
+    after = _wait_counter(deployment, "nv_inference_request_failure", before + len(bodies), reason="BACKEND")
+    assert after == before + len(bodies)
