@@ -104,6 +104,7 @@ class AdaptivePolicy(BasePolicy):
         self._asked_prev = np.zeros(slots, dtype=I64)
         self._asked_step = self._asked_prev_step = -1
         self._pace = np.full(slots, np.nan)
+        self._arange = np.arange(slots)
         self._cons_key: tuple | None = None
         self._cons = self.ctx.cons
 
@@ -233,23 +234,25 @@ class AdaptivePolicy(BasePolicy):
         if lagged:
             cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
         surv = self.survival(view, d_ctx, uniform)
+        csum = self._prefix_sums(surv)  # (n, K+1): expected accepted draft tokens at each k
         cons = self._constraints(view)
         pace = self._pace[view.slots]  # (n,) NaN where not yet decided on
         known = np.isfinite(pace)
         known = True if n > 1 and known.all() else known  # True: every request's pace is known
         w = self._residence_weights(view, pace, known)
-        choice = admit_parametric(self.cost, view.ctx_lens, surv if w is None else surv * w[:, None], cap, cons,
-                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining) if lagged else None,
-                                  g0=self._g, k0=self._asked_prev[view.slots])
+        choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx,
+                                  lag=self._amortised_lag(lag, csum, cap, view.remaining) if lagged else None,
+                                  g0=self._g, k0=self._asked_prev[view.slots], psum=csum, weights=w)
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
-        per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)  # (n,) expected accepted
+        rows = self._rows(n)
+        per_req = csum[rows, choice.k]  # (n,) expected accepted
         if w is not None:  # report the prediction in plain tokens
             choice = Choice(choice.k, float(n + per_req.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
             probed = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
             if probed is not choice:
                 choice = probed
-                per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)
+                per_req = csum[rows, choice.k]
         if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not (lagged and lag[cap > 0].any())
                 and not self._pays_at_pooled_rates(view)):
             # Speculation did not pay for requests whose drafts are in sync, and would not at the
@@ -497,18 +500,30 @@ class AdaptivePolicy(BasePolicy):
         smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now
         self._pace[slots] = smoothed if known is True else np.where(known, smoothed, now)
 
-    @staticmethod
-    def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    def _amortised_lag(self, lag: np.ndarray, csum: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
         """Catch-up tokens charged to this step: the re-prefill is paid once and serves every later
         step of the request, about remaining / E[tokens per step] of them, so a step carries that
         share of it (a myopic step-level optimiser would never catch up, and a draft that fell
-        behind while the gate was off would stay behind for good)."""
+        behind while the gate was off would stay behind for good). ``csum``: ``_prefix_sums``."""
         if not lag.any():
             return lag
-        csum = np.concatenate([np.zeros((surv.shape[0], 1)), np.cumsum(surv, axis=1)], axis=1)
-        per_step = 1.0 + csum[np.arange(cap.shape[0]), cap]  # cap is within 0..K (``caps``)
+        per_step = 1.0 + csum[self._rows(cap.shape[0]), cap]  # cap is within 0..K (``caps``)
         steps_left = np.maximum(remaining / per_step, 1.0)
         return lag / steps_left
+
+    @staticmethod
+    def _prefix_sums(surv: np.ndarray) -> np.ndarray:
+        """(n, K+1): each request's expected accepted draft tokens at k = 0..K (its survivals' prefix sums)."""
+        csum = np.empty((surv.shape[0], surv.shape[1] + 1))
+        csum[:, 0] = 0.0
+        np.cumsum(surv, axis=1, out=csum[:, 1:])
+        return csum
+
+    def _rows(self, n: int) -> np.ndarray:
+        """np.arange(n), from a cached range grown as needed (row indices for per-request gathers)."""
+        if n > self._arange.size:
+            self._arange = np.arange(max(n, 2 * self._arange.size))
+        return self._arange[:n]
 
     def wants_draft_prefill(self, view: StepView) -> bool:
         return super().wants_draft_prefill(view) and self.gate.on
