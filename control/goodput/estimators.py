@@ -80,7 +80,9 @@ class PositionRates:
         self.succ = self._counts[1]
         self._pos = np.arange(max_k)
 
-    def update(self, verified: np.ndarray, accepted: np.ndarray) -> None:
+    def update(self, verified: np.ndarray, accepted: np.ndarray, tried: np.ndarray | None = None) -> None:
+        """One step's chain outcomes; ``tried`` (optional): positions evaluated per request,
+        min(accepted + 1, verified), if the caller has them (``chain_trials``' trials)."""
         accepted = np.asarray(accepted)
         if accepted.shape[0] == 1:  # one request: its trials and successes are prefixes of the positions
             acc = int(accepted[0])
@@ -90,15 +92,16 @@ class PositionRates:
             self.succ[:acc] += 1.0
             self._cache = None
             return
+        if tried is None:
+            tried = np.minimum(accepted + 1, np.asarray(verified))
         K = self.max_k
-        tried = np.minimum(accepted + 1, np.asarray(verified))
         # trials at position j = #requests that tried more than j positions: a reverse cumulative
         # histogram (no (n, K) comparison matrix on the per-step path); successes likewise, both
         # from one histogram over (tried, K + 1 + accepted)
-        hist = np.bincount(np.concatenate([np.minimum(tried, K), np.minimum(accepted, K) + (K + 1)]),
+        hist = np.bincount(np.concatenate((np.minimum(tried, K), np.minimum(accepted, K) + (K + 1))),
                            minlength=2 * (K + 1)).reshape(2, K + 1)
         self._counts *= self.decay
-        self._counts += hist[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+        self._counts += hist[:, :0:-1].cumsum(axis=1)[:, ::-1]  # columns j = 1..K: counts above j - 1
         self._cache = None
 
     def set_prior(self, prior) -> None:
@@ -182,7 +185,7 @@ class RequestBeta:
         self.t[slots] += trials
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
-        if slots.shape[0] == 1 and np.ndim(prior) == 0:  # plain floats, same bits
+        if slots.shape[0] == 1 and not isinstance(prior, np.ndarray):  # plain floats, same bits
             j = int(slots[0])
             return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), MAX_RATE)])
         return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), MAX_RATE)

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -311,11 +312,30 @@ def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.n
     return mc, groups
 
 
+@lru_cache(maxsize=16)
+def _prefix_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K+1,) prefix lengths j = 0..K and j (j - 1) / 2, the sum of slot offsets 0..j-1 (read-only)."""
+    jj = np.arange(K + 1, dtype=np.float64)
+    tri = 0.5 * jj * (jj - 1.0)
+    jj.flags.writeable = tri.flags.writeable = False
+    return jj, tri
+
+
+@lru_cache(maxsize=16)
+def _per_depth(K: int, depth_ms: float, const_ms: float) -> np.ndarray:
+    """(K,) a drafter's constants of drafting to depth D = 1..K (read-only)."""
+    out = np.array([depth_ms * j + const_ms for j in range(1, K + 1)])
+    out.flags.writeable = False
+    return out
+
+
 def _prefix_tables(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
-                   weights: np.ndarray | None, cap: np.ndarray | None, lag) -> tuple[np.ndarray, np.ndarray]:
+                                  weights: np.ndarray | None, cap: np.ndarray | None,
+                   lag) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
-    reads both for a choice), the cost infinite past a request's cap (so g > 0 never takes it); and
-    (n,) each request's marginal cost of its first slot without catch-up (slot j adds a * j).
+    reads both for a choice), the cost infinite past a request's cap (so g > 0 never takes it); (n,)
+    each request's marginal cost of its first slot without catch-up (slot j adds a * j); and (n,) the
+    catch-up's cost (None: no catch-up).
 
     The cost of slot j is base + a * j (base: one verify token, one draft token at the request's
     context), so its prefix sums are closed-form: j * base + a * j (j - 1) / 2, plus the catch-up."""
@@ -328,21 +348,23 @@ def _prefix_tables(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: 
         pm[:, :, 0] = psum
     else:
         np.multiply(psum, weights[:, None], out=pm[:, :, 0])
-    jj = np.arange(K + 1, dtype=np.float64)  # prefix lengths
+    jj, tri = _prefix_grid(K)
     mz = pm[:, :, 1]
+    catch = None
     if d.has_passes:
         m = d.model
         base = m.a * d.draft_ctx(ctx) + (b_verify + m.b)  # (n,)
         np.multiply(base[:, None], jj, out=mz)
-        mz += m.a * (0.5 * jj * (jj - 1.0))
+        mz += m.a * tri
         if lag is not None:
-            mz[:, 1:] += (m.b * np.asarray(lag, dtype=np.float64))[:, None]
+            catch = m.b * np.asarray(lag, dtype=np.float64)
+            mz[:, 1:] += catch[:, None]
     else:
         base = np.full(n, b_verify)
         np.multiply(base[:, None], jj, out=mz)
     if cap is not None:
         np.putmask(mz, jj > cap[:, None], np.inf)
-    return pm, base
+    return pm, base, catch
 
 
 def _dinkelbach_one_drafter(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
@@ -358,10 +380,10 @@ def _dinkelbach_one_drafter(b_verify: float, d, ctx: np.ndarray, surv: np.ndarra
     plain decoding's instead of ``g``."""
     n, K = surv.shape
     rows = np.arange(n)
-    pm, base = _prefix_tables(b_verify, d, ctx, surv, psum, weights, cap, lag)
+    pm, base, catch = _prefix_tables(b_verify, d, ctx, surv, psum, weights, cap, lag)
     pz, mz = pm[:, 1:, 0], pm[:, 1:, 1]
     depth, const = d.depth_ms, d.const_ms
-    per_depth = np.array([depth * j + const for j in range(1, K + 1)])  # (K,) drafting constants
+    per_depth = _per_depth(K, depth, const)  # (K,) drafting constants
     zero = np.zeros(n, dtype=np.int64)
     best = (zero, float(n), plain)
     if k0 is not None:
@@ -402,8 +424,8 @@ def _dinkelbach_one_drafter(b_verify: float, d, ctx: np.ndarray, surv: np.ndarra
         g = g_new  # see _dinkelbach_groups
     k = best[0]
     nxt = base + d.model.a * np.minimum(k, K - 1) if d.has_passes else base
-    if d.has_passes and lag is not None:
-        nxt = np.where(k == 0, nxt + d.model.b * np.asarray(lag, dtype=np.float64), nxt)
+    if catch is not None:  # a request that drafts nothing yet would pay its catch-up with its next token
+        nxt += catch * (k == 0)
     return k, best[1], best[2], nxt
 
 

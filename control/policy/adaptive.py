@@ -105,6 +105,7 @@ class AdaptivePolicy(BasePolicy):
         self._asked_step = self._asked_prev_step = -1
         self._pace = np.full(slots, np.nan)
         self._arange = np.arange(slots)
+        self._default_col = np.full(slots, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._cons_key: tuple | None = None
         self._cons = self.ctx.cons
 
@@ -234,25 +235,25 @@ class AdaptivePolicy(BasePolicy):
         if lagged:
             cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
         surv = self.survival(view, d_ctx, uniform)
-        csum = self._prefix_sums(surv)  # (n, K+1): expected accepted draft tokens at each k
+        csum = self._prefix_sums(surv) if n > 1 else None  # (n, K+1): expected accepted draft tokens at each k
         cons = self._constraints(view)
         pace = self._pace[view.slots]  # (n,) NaN where not yet decided on
         known = np.isfinite(pace)
         known = True if n > 1 and known.all() else known  # True: every request's pace is known
         w = self._residence_weights(view, pace, known)
         choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx,
-                                  lag=self._amortised_lag(lag, csum, cap, view.remaining) if lagged else None,
+                                  lag=self._amortised_lag(lag, surv, csum, cap, view.remaining) if lagged else None,
                                   g0=self._g, k0=self._asked_prev[view.slots], psum=csum, weights=w)
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
         rows = self._rows(n)
-        per_req = csum[rows, choice.k]  # (n,) expected accepted
+        per_req = self._accepted(surv, csum, rows, choice.k)  # (n,) expected accepted
         if w is not None:  # report the prediction in plain tokens
             choice = Choice(choice.k, float(n + per_req.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
             probed = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
             if probed is not choice:
                 choice = probed
-                per_req = csum[rows, choice.k]
+                per_req = self._accepted(surv, csum, rows, choice.k)
         if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not (lagged and lag[cap > 0].any())
                 and not self._pays_at_pooled_rates(view)):
             # Speculation did not pay for requests whose drafts are in sync, and would not at the
@@ -276,7 +277,9 @@ class AdaptivePolicy(BasePolicy):
         n = view.n
         if self.bandit is None:  # one drafter for everyone: no gathers
             e = self.default_exec_drafter()
-            return np.full(n, self.ctx.default, dtype=I64), np.full(n, e, dtype=I64), view.draft_lag[:, e], True
+            if self._default_col.size < n or self._default_col[0] != self.ctx.default:
+                self._default_col = np.full(max(n, 2 * self._default_col.size), self.ctx.default, dtype=I64)
+            return self._default_col[:n], np.full(n, e, dtype=I64), view.draft_lag[:, e], True
         switch_cost = None
         if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
             lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
@@ -500,13 +503,17 @@ class AdaptivePolicy(BasePolicy):
         smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now
         self._pace[slots] = smoothed if known is True else np.where(known, smoothed, now)
 
-    def _amortised_lag(self, lag: np.ndarray, csum: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    def _amortised_lag(self, lag: np.ndarray, surv: np.ndarray, csum: np.ndarray | None, cap: np.ndarray,
+                       remaining: np.ndarray) -> np.ndarray:
         """Catch-up tokens charged to this step: the re-prefill is paid once and serves every later
         step of the request, about remaining / E[tokens per step] of them, so a step carries that
         share of it (a myopic step-level optimiser would never catch up, and a draft that fell
-        behind while the gate was off would stay behind for good). ``csum``: ``_prefix_sums``."""
+        behind while the gate was off would stay behind for good). ``csum``: ``surv``'s
+        ``_prefix_sums`` (None: not taken yet)."""
         if not lag.any():
             return lag
+        if csum is None:
+            csum = self._prefix_sums(surv)
         per_step = 1.0 + csum[self._rows(cap.shape[0]), cap]  # cap is within 0..K (``caps``)
         steps_left = np.maximum(remaining / per_step, 1.0)
         return lag / steps_left
@@ -518,6 +525,14 @@ class AdaptivePolicy(BasePolicy):
         csum[:, 0] = 0.0
         np.cumsum(surv, axis=1, out=csum[:, 1:])
         return csum
+
+    @staticmethod
+    def _accepted(surv: np.ndarray, csum: np.ndarray | None, rows: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """(n,) expected accepted draft tokens at draft lengths ``k`` (batch 1: from ``surv`` on plain
+        floats, the same additions in the same order as ``csum``'s)."""
+        if csum is not None:
+            return csum[rows, k]
+        return np.array([sum(surv[0, : int(k[0])].tolist())])
 
     def _rows(self, n: int) -> np.ndarray:
         """np.arange(n), from a cached range grown as needed (row indices for per-request gathers)."""
@@ -575,7 +590,7 @@ class AdaptivePolicy(BasePolicy):
         calibration) with the requests that drafted (``spec``); ``s``, ``t``: their chain trials."""
         if uniform and d_ctx[0] >= 0 and spec.all():  # one known drafter, everyone drafted: no masks
             i = int(d_ctx[0])
-            self.pos[i].update(tried, outcome.accepted)
+            self.pos[i].update(tried, outcome.accepted, t)
             self.req[i].ensure(int(outcome.slots[0] if outcome.n == 1 else outcome.slots.max()))
             self.req[i].update(outcome.slots, s, t)
         else:
@@ -583,7 +598,7 @@ class AdaptivePolicy(BasePolicy):
                 sel = spec & (d_ctx == i)
                 if not sel.any():
                     continue
-                self.pos[i].update(tried[sel], outcome.accepted[sel])
+                self.pos[i].update(tried[sel], outcome.accepted[sel], t[sel])
                 self.req[i].ensure(int(outcome.slots[sel].max()))
                 self.req[i].update(outcome.slots[sel], s[sel], t[sel])
         if outcome.category is not None:
