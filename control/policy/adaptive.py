@@ -574,7 +574,8 @@ class AdaptivePolicy(BasePolicy):
         tried = self._tried(outcome, d_ctx, uniform)
         s, t = chain_trials(tried, outcome.accepted)
         spec = tried > 0
-        if not spec.any():
+        one = outcome.n == 1  # (plain bools instead of reductions)
+        if not (spec[0] if one else spec.any()):
             self._refit(outcome, d_ctx, outcome.drafted > 0, uniform)
             return
         self._learn(outcome, d_ctx, tried, spec, s, t, uniform)
@@ -588,7 +589,8 @@ class AdaptivePolicy(BasePolicy):
                t: np.ndarray, uniform: bool) -> None:
         """Update the acceptance estimators (per position, per request, per category, confidence
         calibration) with the requests that drafted (``spec``); ``s``, ``t``: their chain trials."""
-        if uniform and d_ctx[0] >= 0 and spec.all():  # one known drafter, everyone drafted: no masks
+        if uniform and d_ctx[0] >= 0 and (outcome.n == 1 or spec.all()):  # one known drafter, everyone drafted
+            # (at batch 1 the caller saw that it drafted): no masks
             i = int(d_ctx[0])
             self.pos[i].update(tried, outcome.accepted, t)
             self.req[i].ensure(int(outcome.slots[0] if outcome.n == 1 else outcome.slots.max()))
@@ -638,12 +640,15 @@ class AdaptivePolicy(BasePolicy):
 
     def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray, uniform: bool) -> None:
         self.loop.update(outcome.prev_loop_ms, outcome.prev_loop_requests)
+        one = outcome.n == 1  # (plain ints instead of reductions: the same sums)
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
-            self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
-                                   float(outcome.verified.sum() + outcome.n) + outcome.prefill_tokens, outcome.verify_ms,
+            ctx_sum = int(outcome.ctx_lens[0]) if one else outcome.ctx_lens.sum()
+            verified = int(outcome.verified[0]) if one else outcome.verified.sum()
+            self.rls_target.update(float(ctx_sum) + outcome.prefill_ctx_tokens,
+                                   float(verified + outcome.n) + outcome.prefill_tokens, outcome.verify_ms,
                                    1.0, float(outcome.n))
-        used = d_ctx[:1] if uniform and spec.any() else self._drafters_in(d_ctx[spec])
+        used = d_ctx[:1] if uniform and (spec[0] if one else spec.any()) else self._drafters_in(d_ctx[spec])
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]
             if rls is not None:
