@@ -9,6 +9,8 @@ low for long drafts.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 
 from control.errors import ConfigError
@@ -243,6 +245,7 @@ class ConfidenceMap:
         self._ramp = 1e-9 * np.arange(bins)  # makes the monotone curve strictly increasing for interp
         self._curve: np.ndarray | None = None
         self._ramped: np.ndarray | None = None
+        self._lists: tuple[list, list] | None = None  # the ramped curve and bin centres as floats
 
     def _bin(self, prod: np.ndarray) -> np.ndarray:
         x = (np.log10(np.maximum(prod, 1e-300)) - self.lo) * (self.bins / -self.lo)
@@ -263,6 +266,7 @@ class ConfidenceMap:
         if self._curve is None:
             self._curve = np.maximum.accumulate(self.hits / self.n)
             self._ramped = self._curve + self._ramp
+            self._lists = None
         return self._curve
 
     def survival(self, prod: np.ndarray) -> np.ndarray:
@@ -274,6 +278,22 @@ class ConfidenceMap:
         self.curve()
         c = self._ramped  # the curve made strictly increasing, refreshed with the curve
         return np.power(10.0, np.interp(np.asarray(cut, dtype=np.float64), c, self.log_centers, left=-np.inf, right=0.0))
+
+    def raw_cut_one(self, cut: float) -> float:
+        """``raw_cut`` for one request: np.interp's arithmetic on plain floats (at batch 1 numpy's
+        per-call cost is most of the work), then numpy's power (whose last bit can differ from
+        Python's), so the same bits."""
+        self.curve()
+        if self._lists is None:
+            self._lists = (self._ramped.tolist(), self.log_centers.tolist())
+        xp, fp = self._lists
+        if cut < xp[0]:
+            return 0.0  # even the least confident bin beats the cut: never stop
+        if cut >= xp[-1]:
+            return 1.0 if cut > xp[-1] else float(np.power(10.0, fp[-1]))
+        j = bisect_right(xp, cut) - 1  # xp[j] <= cut < xp[j + 1]
+        slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+        return float(np.power(10.0, slope * (cut - xp[j]) + fp[j]))
 
 
 def logit(p):

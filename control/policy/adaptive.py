@@ -243,7 +243,7 @@ class AdaptivePolicy(BasePolicy):
         w = self._residence_weights(view, pace, known)
         choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx,
                                   lag=self._amortised_lag(lag, surv, csum, cap, view.remaining) if lagged else None,
-                                  g0=self._g, k0=self._asked_prev[view.slots], psum=csum, weights=w)
+                                  g0=self._g, k0=None if n == 1 else self._asked_prev[view.slots], psum=csum, weights=w)
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
         rows = self._rows(n)
         per_req = self._accepted(surv, csum, rows, choice.k)  # (n,) expected accepted
@@ -254,7 +254,8 @@ class AdaptivePolicy(BasePolicy):
             if probed is not choice:
                 choice = probed
                 per_req = self._accepted(surv, csum, rows, choice.k)
-        if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not (lagged and lag[cap > 0].any())
+        all_zero = int(choice.k[0]) == 0 and int(cap[0]) > 0 if n == 1 else choice.k.max() == 0 and cap.max() > 0
+        if (all_zero and not (lagged and lag[cap > 0].any())
                 and not self._pays_at_pooled_rates(view)):
             # Speculation did not pay for requests whose drafts are in sync, and would not at the
             # drafters' pooled rates either: evidence about the batch size. (A zero that only
@@ -314,7 +315,7 @@ class AdaptivePolicy(BasePolicy):
             return None
         if uniform and d_ctx.shape[0] == 1 and d_ctx[0] >= 0:  # batch 1 on plain floats (w is None there)
             one = min(max(g_value * float(choice.next_cost[0]), 0.0), 1.0)
-            return self._conf[int(d_ctx[0])].raw_cut(np.array([one]))
+            return np.array([self._conf[int(d_ctx[0])].raw_cut_one(one)])
         # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
         cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
         # the executor compares the drafter's raw running confidence; the cut is in survival, so

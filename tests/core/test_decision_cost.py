@@ -78,3 +78,20 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     (stages,) = doc["stages"]
     for name, _ in STAGES:
         assert stages[name] > 0, name
+
+
+def test_the_scalar_confidence_cut_gives_the_array_cut_bit_for_bit():
+    """Batch 1 maps its cut through ``raw_cut_one`` on plain floats; it must equal ``raw_cut`` exactly,
+    across bins, at the curve's knots, and past both ends (never stop / always stop)."""
+    from control.goodput.estimators import ConfidenceMap
+
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        cm = ConfidenceMap()
+        for _ in range(int(rng.integers(0, 25))):
+            prod = rng.random(24) ** 3
+            cm.update(prod, rng.random(24) < prod ** 0.3)
+        cuts = np.concatenate([rng.random(100), cm.curve(), cm._ramped, [-0.1, 0.0, 1.0, 1.5]])
+        want = cm.raw_cut(cuts)
+        got = np.array([cm.raw_cut_one(float(c)) for c in cuts])
+        assert np.array_equal(got, want), np.flatnonzero(got != want)
