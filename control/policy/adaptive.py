@@ -232,7 +232,7 @@ class AdaptivePolicy(BasePolicy):
                             prefill_draft=False)
         d_ctx, d_exec, lag, uniform = self._assign_drafters(view)
         lagged = bool(lag[0]) if n == 1 else bool(lag.any())
-        if lagged:
+        if lagged and (lag[0] if n == 1 else lag.max()) > self.ctx.gate.max_catchup_tokens:
             cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
         surv = self.survival(view, d_ctx, uniform)
         csum = self._prefix_sums(surv) if n > 1 else None  # (n, K+1): expected accepted draft tokens at each k
