@@ -165,25 +165,30 @@ class RequestBeta:
         self.t = np.zeros(capacity)
 
     def ensure(self, max_slot: int) -> None:
-        if max_slot >= self.s.size:
-            size = max(max_slot + 1, 2 * self.s.size)
-            self.s = np.resize(self.s, size)
-            self.t = np.resize(self.t, size)
-            self.s[max_slot:] = 0
-            self.t[max_slot:] = 0
+        size = self.s.size
+        if max_slot >= size:
+            grown = max(max_slot + 1, 2 * size)
+            self.s = np.concatenate([self.s, np.zeros(grown - size)])  # new slots start empty
+            self.t = np.concatenate([self.t, np.zeros(grown - size)])
 
     def reset(self, slots: np.ndarray) -> None:
         self.s[slots] = 0.0
         self.t[slots] = 0.0
 
     def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
-        """Slots are distinct within one step (one outcome per request)."""
+        """Slots are distinct within one step (one outcome per request); the arrays grow to the
+        largest slot."""
         if slots.shape[0] == 1:  # one request: two scalar adds instead of two gathers and scatters
             j = int(slots[0])
+            self.ensure(j)
             self.s[j] += successes[0]
             self.t[j] += trials[0]
             return
-        self.s[slots] += successes
+        try:
+            self.s[slots] += successes
+        except IndexError:  # a slot past the arrays (rare): grow them, no max() every step
+            self.ensure(int(slots.max()))
+            self.s[slots] += successes
         self.t[slots] += trials
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:

@@ -594,7 +594,6 @@ class AdaptivePolicy(BasePolicy):
             # (at batch 1 the caller saw that it drafted): no masks
             i = int(d_ctx[0])
             self.pos[i].update(tried, outcome.accepted, t)
-            self.req[i].ensure(int(outcome.slots[0] if outcome.n == 1 else outcome.slots.max()))
             self.req[i].update(outcome.slots, s, t)
         else:
             for i in range(len(self.ctx.drafters)):
@@ -602,7 +601,6 @@ class AdaptivePolicy(BasePolicy):
                 if not sel.any():
                     continue
                 self.pos[i].update(tried[sel], outcome.accepted[sel], t[sel])
-                self.req[i].ensure(int(outcome.slots[sel].max()))
                 self.req[i].update(outcome.slots[sel], s[sel], t[sel])
         if outcome.category is not None:
             self.cat.update(outcome.category[spec], s[spec], t[spec])

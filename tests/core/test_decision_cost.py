@@ -95,3 +95,20 @@ def test_the_scalar_confidence_cut_gives_the_array_cut_bit_for_bit():
         want = cm.raw_cut(cuts)
         got = np.array([cm.raw_cut_one(float(c)) for c in cuts])
         assert np.array_equal(got, want), np.flatnonzero(got != want)
+
+
+def test_request_posteriors_grow_on_update_and_new_slots_start_empty():
+    """``RequestBeta.update`` grows its arrays when a slot lies past them (no max() every step), and
+    the slots it adds start from the prior, not from copies of earlier slots."""
+    from control.goodput.estimators import RequestBeta
+
+    rb = RequestBeta(strength=8.0, capacity=4)
+    rb.update(np.array([0, 1, 2, 3]), np.array([3, 1, 0, 2]), np.array([4, 2, 1, 3]))
+    rb.update(np.array([1, 9]), np.array([1, 2]), np.array([2, 3]))
+    assert rb.s.size >= 10 and rb.t.size == rb.s.size
+    np.testing.assert_array_equal(rb.s[:4], [3, 2, 0, 2])
+    np.testing.assert_array_equal(rb.t[:4], [4, 4, 1, 3])
+    np.testing.assert_array_equal(rb.s[4:9], 0.0)  # added slots start empty
+    assert rb.s[9] == 2 and rb.t[9] == 3
+    rb.update(np.array([12]), np.array([1]), np.array([2]))  # batch 1 grows too
+    assert rb.t[12] == 2 and rb.mean(np.array([12]), 0.5)[0] == (1 + 8 * 0.5) / (2 + 8)
