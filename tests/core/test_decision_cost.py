@@ -80,6 +80,22 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
         assert stages[name] > 0, name
 
 
+def test_the_decision_cost_benchmark_runs_the_policy_off_the_critical_path(tmp_path):
+    """``--overlap``: a worker thread decides step t+1 while step t sleeps; every step gets a
+    decision, and the worker's own time is reported next to the step loop's hand-over and wait."""
+    import json
+
+    from benchmarks.decision_cost import main
+
+    out = tmp_path / "dc.json"
+    assert main(["--batches", "3", "--policies", "adaptive", "--steps", "20", "--overlap", "--overlap-steps", "15",
+                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["overlap"]
+    assert row["batch"] == 3 and row["modelled_step_ms"] > 0
+    assert row["on_path_us_p50"] > 0 and row["off_path_us_p50"] > 0
+    assert row["on_path_share_pct"] == pytest.approx(row["on_path_us_p50"] / (row["modelled_step_ms"] * 10))
+
+
 def test_the_scalar_confidence_cut_gives_the_array_cut_bit_for_bit():
     """Batch 1 maps its cut through ``raw_cut_one`` on plain floats; it must equal ``raw_cut`` exactly,
     across bins, at the curve's knots, and past both ends (never stop / always stop)."""
