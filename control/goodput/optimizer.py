@@ -264,11 +264,11 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
         k, tokens, t, nxt = _dinkelbach_one_drafter(cost.target.b, one, ctx, surv, psum, weights,
                                                     cap if capped else None, lag, plain, g, max_iter, k0)
     else:
-        surv = surv if weights is None else surv * weights[:, None]
         jj = np.arange(K)
         valid = jj < cap[:, None]  # (n, K)
         mc, groups = _marginal_costs(cost, ctx, drafter, lag, jj)
-        k, tokens, t = _dinkelbach_groups(groups, np.where(valid, surv, 0.0), mc, valid, plain, g, max_iter)
+        p = np.where(valid, surv if weights is None else surv * weights[:, None], 0.0)
+        k, tokens, t = _dinkelbach_groups(groups, p, mc, valid, plain, g, max_iter)
         nxt = mc[np.arange(n), np.minimum(k, K - 1)]
     if n * K > min(cons.free_kv_slots, cons.token_budget - n) or cons.slo_tpot_ms is not None:  # a limit may bind
         total = int(k.sum())

@@ -128,3 +128,33 @@ def test_request_posteriors_grow_on_update_and_new_slots_start_empty():
     assert rb.s[9] == 2 and rb.t[9] == 3
     rb.update(np.array([12]), np.array([1]), np.array([2]))  # batch 1 grows too
     assert rb.t[12] == 2 and rb.mean(np.array([12]), 0.5)[0] == (1 + 8 * 0.5) / (2 + 8)
+
+
+def test_weights_and_prefix_sums_given_to_the_optimiser_equal_weighted_survival():
+    """``admit_parametric(surv, weights=w, psum=...)`` decides as ``admit_parametric(surv * w)``: one
+    drafter or several, capped or not, with catch-up, and where a KV limit binds (the fallback)."""
+    from control.goodput.cost import LinearCost
+    from control.goodput.optimizer import Constraints, admit_parametric
+    from control.goodput.stepcost import DrafterCost, DrafterKind, StepCostModel
+
+    rng = np.random.default_rng(11)
+    drafters = (DrafterCost("d", DrafterKind.draft_model, LinearCost(a=3e-6, b=0.01, c=0.6), const_ms=0.1),
+                DrafterCost("ng", DrafterKind.ngram, None, const_ms=0.05),
+                DrafterCost("e", DrafterKind.eagle, LinearCost(a=1e-6, b=0.004, c=0.3)))
+    K = 8
+    for _ in range(300):
+        m = int(rng.integers(1, 4))
+        cost = StepCostModel(LinearCost(a=2e-5, b=0.05, c=5.0), drafters[:m], overhead_ms=0.5)
+        n = int(rng.integers(2, 30))
+        surv = np.cumprod(rng.uniform(0.2, 0.99, (n, K)), axis=1)
+        cap = np.minimum(rng.integers(0, K + 3, n), K)
+        ctx = rng.integers(16, 4000, n).astype(float)
+        drafter = np.full(n, int(rng.integers(0, m))) if rng.random() < 0.6 else rng.integers(0, m, n)
+        lag = (rng.random(n) < 0.3) * rng.uniform(0, 30, n)
+        w = rng.uniform(0.5, 2.0, n)
+        cons = Constraints(free_kv_slots=int(rng.integers(0, 3 * n))) if rng.random() < 0.4 else Constraints()
+        psum = np.concatenate([np.zeros((n, 1)), np.cumsum(surv, axis=1)], axis=1)
+        want = admit_parametric(cost, ctx, surv * w[:, None], cap, cons, drafter=drafter, lag=lag)
+        got = admit_parametric(cost, ctx, surv, cap, cons, drafter=drafter, lag=lag, psum=psum, weights=w)
+        np.testing.assert_array_equal(got.k, want.k)
+        assert got.tokens == pytest.approx(want.tokens, rel=1e-9) and got.step_ms == pytest.approx(want.step_ms, rel=1e-9)
