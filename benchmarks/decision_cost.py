@@ -12,13 +12,22 @@ shared machine are noisy: the ratio is what matters and is measured in the same 
 ``--stages`` also times the stages of ``adaptive``'s step (median microseconds per step, by wrapping
 the methods that hold them; the wrappers add about half a microsecond per call, so the stage timings
 run separately from the totals above).
+
+``--overlap`` also runs each policy with its work off the critical path, as an engine with an overlap
+scheduler would: while step t runs (a sleep of the profile's predicted step time, which releases the
+GIL as an engine thread waiting on the GPU does), a worker thread observes step t-1's outcome and
+decides step t+1 (one step stale, ``control/policy/stale.py``). The on-path time is what the step
+loop spends handing the work over and waiting for the decision after its step; the share is that
+over the step time. The plain columns are the bar; these say what overlapping would leave.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,13 +93,7 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
     pol = build_policy(policy_name, plan, seed=seed)
     undo = instrument(pol, timer) if timer is not None else []
     drafters = tuple(plan.drafters)
-    m = len(drafters)
-    ctx_lens = rng.integers(max(ctx // 4, 16), ctx * 2, batch)
-    lag = np.zeros((batch, m), dtype=np.int64)
-    lag[rng.random(batch) < 0.1, 0] = 40
-    view = StepView.build(slots=np.arange(batch), request_ids=np.arange(batch), ctx_lens=ctx_lens,
-                          remaining=np.full(batch, 10**6), drafters=drafters, max_k=plan.max_k,
-                          free_kv_slots=10**7, token_budget=10**7, draft_lag=lag)
+    view = _steady_view(plan, batch, ctx, rng)
     rates = rng.uniform(0.3, 0.95, batch)
     decide_s, observe_s, step_ms = [], [], []
     for step in range(steps):
@@ -99,13 +102,7 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
         t0 = time.perf_counter()
         d = pol.decide(view)
         t1 = time.perf_counter()
-        k = d.k
-        acc = np.minimum(rng.geometric(1 - rates) - 1, k)
-        conf = None
-        out = StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=d.drafter, ctx_lens=view.ctx_lens,
-                          drafted=k, verified=k, accepted=acc, confidence=conf, verify_ms=10.0, draft_ms=2.0,
-                          total_ms=12.0, draft_passes=int(k.max(initial=0)), draft_ctx_tokens=int(view.ctx_lens.sum()),
-                          draft_batched_tokens=int(k.sum()), step=step)
+        out = _outcome(view, d, rates, rng)
         t2 = time.perf_counter()
         pol.observe(out)
         t3 = time.perf_counter()
@@ -115,7 +112,7 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
             timer.now["decide"], timer.now["observe"] = t1 - t0, t3 - t2
             timer.step()
         cost = plan.profile.step_cost(list(drafters))
-        step_ms.append(cost.step_ms(view.ctx_lens, k, np.maximum(d.drafter, 0)))
+        step_ms.append(cost.step_ms(view.ctx_lens, d.k, np.maximum(d.drafter, 0)))
     for u in undo:
         u()
     warm = steps // 5
@@ -130,6 +127,76 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
     }
 
 
+def _steady_view(plan, batch: int, ctx: int, rng) -> StepView:
+    """The benchmark's batch: mixed contexts around ``ctx``, 10% of requests with a lagging draft."""
+    m = len(plan.drafters)
+    lag = np.zeros((batch, m), dtype=np.int64)
+    ctx_lens = rng.integers(max(ctx // 4, 16), ctx * 2, batch)
+    lag[rng.random(batch) < 0.1, 0] = 40
+    return StepView.build(slots=np.arange(batch), request_ids=np.arange(batch), ctx_lens=ctx_lens,
+                          remaining=np.full(batch, 10**6), drafters=tuple(plan.drafters), max_k=plan.max_k,
+                          free_kv_slots=10**7, token_budget=10**7, draft_lag=lag)
+
+
+def _outcome(view: StepView, d, rates: np.ndarray, rng) -> StepOutcome:
+    k = d.k
+    acc = np.minimum(rng.geometric(1 - rates) - 1, k)
+    return StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=d.drafter, ctx_lens=view.ctx_lens,
+                       drafted=k, verified=k, accepted=acc, verify_ms=10.0, draft_ms=2.0, total_ms=12.0,
+                       draft_passes=int(k.max(initial=0)), draft_ctx_tokens=int(view.ctx_lens.sum()),
+                       draft_batched_tokens=int(k.sum()), step=view.step)
+
+
+def bench_overlap(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 0) -> dict:
+    """decide(t+1) and observe(t-1) on a worker thread while step t runs (module docstring)."""
+    rng = np.random.default_rng(seed)
+    pol = build_policy(policy_name, plan, seed=seed)
+    cost = plan.profile.step_cost(list(plan.drafters))
+    view = _steady_view(plan, batch, ctx, rng)
+    rates = rng.uniform(0.3, 0.95, batch)
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def work() -> None:
+        while (job := jobs.get()) is not None:
+            prev, nxt = job
+            t0 = time.perf_counter()
+            if prev is not None:
+                pol.observe(prev)
+            d = pol.decide(nxt)
+            done.put((d, time.perf_counter() - t0))
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    d, prev = pol.decide(view), None  # the first decision, before any step
+    on_path, off_path, step_ms = [], [], []
+    for step in range(steps):
+        nxt = StepView(**{f: getattr(view, f) for f in view.__slots__})
+        nxt.ctx_lens, nxt.step = view.ctx_lens + 1, step + 1
+        t_ms = cost.step_ms(view.ctx_lens, d.k, np.maximum(d.drafter, 0))
+        t0 = time.perf_counter()
+        jobs.put((prev, nxt))
+        t1 = time.perf_counter()
+        time.sleep(t_ms / 1e3)  # step t runs
+        t2 = time.perf_counter()
+        d_next, busy = done.get()
+        t3 = time.perf_counter()
+        prev = _outcome(view, d, rates, rng)
+        on_path.append((t1 - t0) + (t3 - t2))
+        off_path.append(busy)
+        step_ms.append(t_ms)
+        d, view = d_next, nxt
+    jobs.put(None)
+    worker.join()
+    warm = steps // 5
+    on = float(np.median(on_path[warm:])) * 1e6
+    model_ms = float(np.median(step_ms[warm:]))
+    return {"policy": policy_name, "batch": batch, "on_path_us_p50": on,
+            "on_path_us_p99": float(np.percentile(on_path[warm:], 99)) * 1e6,
+            "off_path_us_p50": float(np.median(off_path[warm:])) * 1e6, "modelled_step_ms": model_ms,
+            "on_path_share_pct": on / (model_ms * 1000) * 100}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=str(DEFAULT_PROFILE))
@@ -139,6 +206,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--policies", default="adaptive,smartspec,turbospec,specserve,static-schedule,fixed:3")
     ap.add_argument("--stages", action="store_true", help="also time adaptive's stages (a separate pass)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also run each policy off the critical path (decision prepared during the step)")
+    ap.add_argument("--overlap-steps", type=int, default=100, help="steps per --overlap run (each sleeps a step)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not Path(args.profile).is_file():
@@ -159,11 +229,25 @@ def main(argv=None) -> int:
         print(f"{r['policy']:18s} {r['batch']:5d} {r['decide_us_p50']:10.1f} {r['observe_us_p50']:11.1f} "
               f"{r['total_us_p99']:8.1f} {r['modelled_step_ms']:8.2f} {r['share_pct']:6.2f}%")
     out = {"rows": rows}
+    if args.overlap:
+        out["overlap"] = overlap_table(plan, args)
     if args.stages:
         out["stages"] = stage_table(plan, [int(x) for x in args.batches.split(",")], args.ctx, args.steps)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
+
+
+def overlap_table(plan, args) -> list[dict]:
+    """Each policy and batch with its work prepared off the critical path, printed and returned."""
+    rows = [bench_overlap(p, plan, int(b), args.ctx, args.overlap_steps)
+            for b in args.batches.split(",") for p in args.policies.split(",")]
+    print("off the critical path (decision for step t+1 prepared during step t, one step stale):")
+    print(f"{'policy':18s} {'batch':>5s} {'on-path us':>11s} {'p99 us':>8s} {'worker us':>10s} {'step ms':>8s} {'share':>7s}")
+    for r in rows:
+        print(f"{r['policy']:18s} {r['batch']:5d} {r['on_path_us_p50']:11.1f} {r['on_path_us_p99']:8.1f} "
+              f"{r['off_path_us_p50']:10.1f} {r['modelled_step_ms']:8.2f} {r['on_path_share_pct']:6.2f}%")
+    return rows
 
 
 def stage_table(plan, batches: list[int], ctx: int, steps: int) -> list[dict]:

@@ -9,6 +9,8 @@ low for long drafts.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 
 from control.errors import ConfigError
@@ -80,7 +82,9 @@ class PositionRates:
         self.succ = self._counts[1]
         self._pos = np.arange(max_k)
 
-    def update(self, verified: np.ndarray, accepted: np.ndarray) -> None:
+    def update(self, verified: np.ndarray, accepted: np.ndarray, tried: np.ndarray | None = None) -> None:
+        """One step's chain outcomes; ``tried`` (optional): positions evaluated per request,
+        min(accepted + 1, verified), if the caller has them (``chain_trials``' trials)."""
         accepted = np.asarray(accepted)
         if accepted.shape[0] == 1:  # one request: its trials and successes are prefixes of the positions
             acc = int(accepted[0])
@@ -90,15 +94,16 @@ class PositionRates:
             self.succ[:acc] += 1.0
             self._cache = None
             return
+        if tried is None:
+            tried = np.minimum(accepted + 1, np.asarray(verified))
         K = self.max_k
-        tried = np.minimum(accepted + 1, np.asarray(verified))
         # trials at position j = #requests that tried more than j positions: a reverse cumulative
         # histogram (no (n, K) comparison matrix on the per-step path); successes likewise, both
         # from one histogram over (tried, K + 1 + accepted)
-        hist = np.bincount(np.concatenate([np.minimum(tried, K), np.minimum(accepted, K) + (K + 1)]),
+        hist = np.bincount(np.concatenate((np.minimum(tried, K), np.minimum(accepted, K) + (K + 1))),
                            minlength=2 * (K + 1)).reshape(2, K + 1)
         self._counts *= self.decay
-        self._counts += hist[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+        self._counts += hist[:, :0:-1].cumsum(axis=1)[:, ::-1]  # columns j = 1..K: counts above j - 1
         self._cache = None
 
     def set_prior(self, prior) -> None:
@@ -160,29 +165,34 @@ class RequestBeta:
         self.t = np.zeros(capacity)
 
     def ensure(self, max_slot: int) -> None:
-        if max_slot >= self.s.size:
-            size = max(max_slot + 1, 2 * self.s.size)
-            self.s = np.resize(self.s, size)
-            self.t = np.resize(self.t, size)
-            self.s[max_slot:] = 0
-            self.t[max_slot:] = 0
+        size = self.s.size
+        if max_slot >= size:
+            grown = max(max_slot + 1, 2 * size)
+            self.s = np.concatenate([self.s, np.zeros(grown - size)])  # new slots start empty
+            self.t = np.concatenate([self.t, np.zeros(grown - size)])
 
     def reset(self, slots: np.ndarray) -> None:
         self.s[slots] = 0.0
         self.t[slots] = 0.0
 
     def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
-        """Slots are distinct within one step (one outcome per request)."""
+        """Slots are distinct within one step (one outcome per request); the arrays grow to the
+        largest slot."""
         if slots.shape[0] == 1:  # one request: two scalar adds instead of two gathers and scatters
             j = int(slots[0])
+            self.ensure(j)
             self.s[j] += successes[0]
             self.t[j] += trials[0]
             return
-        self.s[slots] += successes
+        try:
+            self.s[slots] += successes
+        except IndexError:  # a slot past the arrays (rare): grow them, no max() every step
+            self.ensure(int(slots.max()))
+            self.s[slots] += successes
         self.t[slots] += trials
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
-        if slots.shape[0] == 1 and np.ndim(prior) == 0:  # plain floats, same bits
+        if slots.shape[0] == 1 and not isinstance(prior, np.ndarray):  # plain floats, same bits
             j = int(slots[0])
             return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), MAX_RATE)])
         return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), MAX_RATE)
@@ -240,6 +250,7 @@ class ConfidenceMap:
         self._ramp = 1e-9 * np.arange(bins)  # makes the monotone curve strictly increasing for interp
         self._curve: np.ndarray | None = None
         self._ramped: np.ndarray | None = None
+        self._lists: tuple[list, list] | None = None  # the ramped curve and bin centres as floats
 
     def _bin(self, prod: np.ndarray) -> np.ndarray:
         x = (np.log10(np.maximum(prod, 1e-300)) - self.lo) * (self.bins / -self.lo)
@@ -260,6 +271,7 @@ class ConfidenceMap:
         if self._curve is None:
             self._curve = np.maximum.accumulate(self.hits / self.n)
             self._ramped = self._curve + self._ramp
+            self._lists = None
         return self._curve
 
     def survival(self, prod: np.ndarray) -> np.ndarray:
@@ -271,6 +283,22 @@ class ConfidenceMap:
         self.curve()
         c = self._ramped  # the curve made strictly increasing, refreshed with the curve
         return np.power(10.0, np.interp(np.asarray(cut, dtype=np.float64), c, self.log_centers, left=-np.inf, right=0.0))
+
+    def raw_cut_one(self, cut: float) -> float:
+        """``raw_cut`` for one request: np.interp's arithmetic on plain floats (at batch 1 numpy's
+        per-call cost is most of the work), then numpy's power (whose last bit can differ from
+        Python's), so the same bits."""
+        self.curve()
+        if self._lists is None:
+            self._lists = (self._ramped.tolist(), self.log_centers.tolist())
+        xp, fp = self._lists
+        if cut < xp[0]:
+            return 0.0  # even the least confident bin beats the cut: never stop
+        if cut >= xp[-1]:
+            return 1.0 if cut > xp[-1] else float(np.power(10.0, fp[-1]))
+        j = bisect_right(xp, cut) - 1  # xp[j] <= cut < xp[j + 1]
+        slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+        return float(np.power(10.0, slope * (cut - xp[j]) + fp[j]))
 
 
 def logit(p):

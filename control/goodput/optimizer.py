@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -234,7 +235,8 @@ def admit_slots(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=
 
 
 def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, drafter=None, lag=None,
-                     g0: float | None = None, max_iter: int = 6, k0: np.ndarray | None = None) -> Choice:
+                     g0: float | None = None, max_iter: int = 6, k0: np.ndarray | None = None,
+                     psum: np.ndarray | None = None, weights: np.ndarray | None = None) -> Choice:
     """Request-level optimum by Dinkelbach's method, warm-started from a previous goodput ``g0``.
 
     For a goodput level G the best slot set maximises sum(p - G * marginal cost) - G * (drafting
@@ -242,43 +244,56 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     prefix within D), so prefix sums over an (n, K) array and a scan over D solve it exactly.
     Iterating G <- tokens / time of the chosen set converges to the best ratio, usually in one pass.
     ``k0`` (one drafter; e.g. last step's k within ``cap``) starts from that choice's ratio instead.
-    KV-slot, token-budget and SLO limits are checked on the result; if one binds, ``admit_slots``
-    decides. ``next_cost`` (marginal ms of each request's next draft token) gives the confidence
-    cuts: one more token of survival p pays iff p > goodput * cost.
+    ``weights`` (n,), optional: the value of each request's tokens (multiplies its survival).
+    ``psum`` (n, K+1), optional: ``surv``'s prefix sums along the draft with a leading 0 column, if
+    the caller has them (unweighted; used where one drafter serves the batch). KV-slot, token-budget and SLO limits are checked on the
+    result; if one binds, ``admit_slots`` decides. ``next_cost`` (marginal ms of each request's next
+    draft token) gives the confidence cuts: one more token of survival p pays iff p > goodput * cost.
     """
     ctx = np.asarray(ctx, dtype=np.float64)
     cap = np.asarray(cap, dtype=np.int64)
     n, K = surv.shape
     if n == 1 and K > 0 and cost.drafters:
+        surv = surv if weights is None else surv * weights[:, None]
         return _admit_one(cost, ctx, surv, int(cap[0]), cons, drafter, lag)
     plain = cost.plain_ms(ctx)
     capped = n == 0 or K == 0 or int(cap.min()) < K  # (every request uncapped at K: one reduction)
     if n == 0 or K == 0 or (capped and cap.max() <= 0):
         return Choice(np.zeros(n, dtype=np.int64), float(n), plain, plain)
-    jj = np.arange(K)
-    valid = jj < cap[:, None] if capped else None  # (n, K); None: every slot is within its request's cap
-    mc, groups = _marginal_costs(cost, ctx, drafter, lag, jj)
-    p = np.where(valid, surv, 0.0) if capped else surv
     g = n / plain if g0 is None or not g0 > 0 else float(g0)
-    rows = np.arange(n)
-    if len(groups) == 1 and isinstance(groups[0][1], slice):
-        k, tokens, t = _dinkelbach_one_drafter(groups[0][0], p, mc, valid, plain, g, max_iter,
-                                               None if k0 is None else np.minimum(k0, cap) if capped else k0, rows)
+    one = _one_drafter(cost, drafter)
+    if one is not None:
+        k0 = None if k0 is None else np.minimum(k0, cap) if capped else k0
+        k, tokens, t, nxt = _dinkelbach_one_drafter(cost.target.b, one, ctx, surv, psum, weights,
+                                                    cap if capped else None, lag, plain, g, max_iter, k0)
     else:
-        k, tokens, t = _dinkelbach_groups(groups, p, mc, jj < cap[:, None] if valid is None else valid, plain, g,
-                                          max_iter)
+        jj = np.arange(K)
+        valid = jj < cap[:, None]  # (n, K)
+        mc, groups = _marginal_costs(cost, ctx, drafter, lag, jj)
+        p = np.where(valid, surv if weights is None else surv * weights[:, None], 0.0)
+        k, tokens, t = _dinkelbach_groups(groups, p, mc, valid, plain, g, max_iter)
+        nxt = mc[np.arange(n), np.minimum(k, K - 1)]
     if n * K > min(cons.free_kv_slots, cons.token_budget - n) or cons.slo_tpot_ms is not None:  # a limit may bind
         total = int(k.sum())
         if total > cons.free_kv_slots or n + total > cons.token_budget or (
                 total and cons.slo_tpot_ms is not None and not slo_ok(t, cons, cost.step_std_ms())):
-            return admit_slots(cost, ctx, surv, cap, cons, drafter, lag)
-    nxt = mc[rows, np.minimum(k, K - 1)]
+            return admit_slots(cost, ctx, surv if weights is None else surv * weights[:, None], cap, cons, drafter, lag)
     return Choice(k, tokens, t, plain, next_cost=nxt)
+
+
+def _one_drafter(cost: StepCostModel, drafter):
+    """The DrafterCost serving the whole batch, or None (several drafters, or none in the model)."""
+    if not cost.drafters:
+        return None
+    if drafter is None or len(cost.drafters) == 1:
+        return cost.drafters[0 if drafter is None else int(drafter[0])]
+    d0 = drafter[0]
+    return cost.drafters[int(d0)] if (drafter == d0).all() else None
 
 
 def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.ndarray) -> tuple[np.ndarray, list]:
     """Marginal ms of each draft slot (n, K) without the per-depth and per-step constants, and the
-    drafter groups: (DrafterCost, rows) pairs, rows a slice when one drafter serves the batch."""
+    drafter groups: (DrafterCost, rows) pairs."""
     n, K = ctx.shape[0], jj.shape[0]
     t_plain = cost.target
     mc = np.empty((n, K))
@@ -300,53 +315,108 @@ def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.n
     return mc, groups
 
 
-def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray | None, plain: float, g: float,
-                            max_iter: int, k0: np.ndarray | None = None,
-                            rows: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
-    """Dinkelbach's iterations for a batch on one drafter: (k, tokens, ms) of the best ratio.
+@lru_cache(maxsize=16)
+def _prefix_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K+1,) prefix lengths j = 0..K and j (j - 1) / 2, the sum of slot offsets 0..j-1 (read-only)."""
+    jj = np.arange(K + 1, dtype=np.float64)
+    tri = 0.5 * jj * (jj - 1.0)
+    jj.flags.writeable = tri.flags.writeable = False
+    return jj, tri
 
-    The prefix sums of survival and cost are taken once; an iteration at level g is then
-    value(prefix) = P - g * M (no cumulative sum per iteration), and a choice's tokens and time are
-    one gather each. Same optimum as ``_dinkelbach_groups`` with one group. ``valid`` (n, K): the
-    slots within each request's cap (None: all). ``k0`` (within the caps): start from the better of
-    its ratio and plain decoding's instead of ``g``. ``rows``: ``np.arange(n)``, if the caller has it."""
-    n, K = p.shape
-    rows = np.arange(n) if rows is None else rows
-    # (n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
-    # reads both for a choice); the cost past a request's cap is infinite, so g > 0 never takes it
-    pm = np.zeros((n, K + 1, 2))
+
+@lru_cache(maxsize=16)
+def _per_depth(K: int, depth_ms: float, const_ms: float) -> np.ndarray:
+    """(K,) a drafter's constants of drafting to depth D = 1..K (read-only)."""
+    out = np.array([depth_ms * j + const_ms for j in range(1, K + 1)])
+    out.flags.writeable = False
+    return out
+
+
+def _prefix_tables(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
+                                  weights: np.ndarray | None, cap: np.ndarray | None,
+                   lag) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
+    reads both for a choice), the cost infinite past a request's cap (so g > 0 never takes it); (n,)
+    each request's marginal cost of its first slot without catch-up (slot j adds a * j); and (n,) the
+    catch-up's cost (None: no catch-up).
+
+    The cost of slot j is base + a * j (base: one verify token, one draft token at the request's
+    context), so its prefix sums are closed-form: j * base + a * j (j - 1) / 2, plus the catch-up."""
+    n, K = surv.shape
+    pm = np.empty((n, K + 1, 2))
+    if psum is None:
+        pm[:, 0, 0] = 0.0
+        np.cumsum(surv if weights is None else surv * weights[:, None], axis=1, out=pm[:, 1:, 0])
+    elif weights is None:
+        pm[:, :, 0] = psum
+    else:
+        np.multiply(psum, weights[:, None], out=pm[:, :, 0])
+    jj, tri = _prefix_grid(K)
+    mz = pm[:, :, 1]
+    catch = None
+    if d.has_passes:
+        m = d.model
+        base = m.a * d.draft_ctx(ctx) + (b_verify + m.b)  # (n,)
+        np.multiply(base[:, None], jj, out=mz)
+        mz += m.a * tri
+        if lag is not None:
+            catch = m.b * np.asarray(lag, dtype=np.float64)
+            mz[:, 1:] += catch[:, None]
+    else:
+        base = np.full(n, b_verify)
+        np.multiply(base[:, None], jj, out=mz)
+    if cap is not None:
+        np.putmask(mz, jj > cap[:, None], np.inf)
+    return pm, base, catch
+
+
+def _dinkelbach_one_drafter(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
+                            weights: np.ndarray | None, cap: np.ndarray | None, lag, plain: float, g: float, max_iter: int,
+                            k0: np.ndarray | None = None) -> tuple[np.ndarray, float, float, np.ndarray]:
+    """Dinkelbach's iterations for a batch on one drafter: (k, tokens, ms, next token's marginal ms)
+    of the best ratio.
+
+    The prefix sums of survival and cost are taken once (``_prefix_tables``); an iteration at level
+    g is then value(prefix) = P - g * M, and a choice's tokens and time are one gather. Same optimum
+    as ``_dinkelbach_groups`` with one group. ``cap`` (n,): each request's cap where some request is
+    capped below K (None: none is). ``k0`` (within the caps): start from the better of its ratio and
+    plain decoding's instead of ``g``."""
+    n, K = surv.shape
+    rows = np.arange(n)
+    pm, base, catch = _prefix_tables(b_verify, d, ctx, surv, psum, weights, cap, lag)
     pz, mz = pm[:, 1:, 0], pm[:, 1:, 1]
-    np.cumsum(p, axis=1, out=pz)
-    np.cumsum(mc, axis=1, out=mz)
-    if valid is not None:
-        mz[~valid] = np.inf
-    per_depth = d.depth_ms * np.arange(1, K + 1, dtype=np.float64) + d.const_ms  # (K,) drafting constants
+    depth, const = d.depth_ms, d.const_ms
+    per_depth = _per_depth(K, depth, const)  # (K,) drafting constants
     zero = np.zeros(n, dtype=np.int64)
     best = (zero, float(n), plain)
     if k0 is not None:
-        k0_max = int(k0.max())
-        sp, sm = pm[rows, k0].sum(axis=0)
-        t0 = plain + float(sm) + (d.depth_ms * k0_max + d.const_ms if k0_max > 0 else 0.0)
+        k0_max = int(np.maximum.reduce(k0))
+        sp, sm = np.add.reduce(pm[rows, k0], axis=0)
+        t0 = plain + float(sm) + (depth * k0_max + const if k0_max > 0 else 0.0)
         if (n + float(sp)) / t0 > n / plain:
             best = (k0, n + float(sp), t0)
         g = best[1] / best[2]
+    run = np.empty((n, K))
+    bp = np.empty((n, K))
     for _ in range(max_iter):
-        run = pz - g * mz  # (n, K): value of prefix length j + 1 (-inf past the cap)
-        bp = np.maximum.accumulate(run, axis=1)  # best prefix within depth D = j + 1
-        gain = np.maximum(bp, 0.0).sum(axis=0)  # (K,)
+        np.multiply(mz, g, out=run)
+        np.subtract(pz, run, out=run)  # (n, K): value of prefix length j + 1 (-inf past the cap)
+        np.maximum.accumulate(run, axis=1, out=bp)  # best prefix within depth D = j + 1
+        value = np.add.reduce(np.maximum(bp, 0.0), axis=0)  # (K,)
         # depths where no request gains cost their constants here, not 0 as in _dinkelbach_groups:
         # the same argmax wherever some depth's value is positive, and no depth's otherwise
-        value = gain - g * per_depth
-        D = int(np.argmax(value))
+        value -= g * per_depth
+        D = int(value.argmax())
         if value[D] <= CONFIRM_TOL * g * plain and g == best[1] / best[2]:
             # no choice beats the best one's ratio g by more than rounding: it is the optimum (the
             # next iteration would only find it again)
             break
         k, extra = zero, 0.0
         if value[D] > 0:
-            k = np.where(bp[:, D] > 0, np.argmax(run[:, : D + 1], axis=1) + 1, 0)
-            extra = d.depth_ms * float(k.max()) + d.const_ms
-        sp, sm = pm[rows, k].sum(axis=0)
+            k = run[:, : D + 1].argmax(axis=1) + 1
+            k *= bp[:, D] > 0
+            extra = depth * float(np.maximum.reduce(k)) + const
+        sp, sm = np.add.reduce(pm[rows, k], axis=0)
         tokens = n + float(sp)
         t = plain + float(sm) + extra
         g_new = tokens / t
@@ -355,7 +425,11 @@ def _dinkelbach_one_drafter(d, p: np.ndarray, mc: np.ndarray, valid: np.ndarray 
         if abs(g_new - g) <= 1e-9 * g:
             break  # F(g) = 0: g is the optimal ratio
         g = g_new  # see _dinkelbach_groups
-    return best
+    k = best[0]
+    nxt = base + d.model.a * np.minimum(k, K - 1) if d.has_passes else base
+    if catch is not None:  # a request that drafts nothing yet would pay its catch-up with its next token
+        nxt += catch * (k == 0)
+    return k, best[1], best[2], nxt
 
 
 def _dinkelbach_groups(groups, p: np.ndarray, mc: np.ndarray, valid: np.ndarray, plain: float, g: float,

@@ -104,6 +104,8 @@ class AdaptivePolicy(BasePolicy):
         self._asked_prev = np.zeros(slots, dtype=I64)
         self._asked_step = self._asked_prev_step = -1
         self._pace = np.full(slots, np.nan)
+        self._arange = np.arange(slots)
+        self._default_col = np.full(slots, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._cons_key: tuple | None = None
         self._cons = self.ctx.cons
 
@@ -232,27 +234,30 @@ class AdaptivePolicy(BasePolicy):
             return self._granular(view, cap)
         d_ctx, d_exec, lag, uniform = self._assign_drafters(view)
         lagged = bool(lag[0]) if n == 1 else bool(lag.any())
-        if lagged:
+        if lagged and (lag[0] if n == 1 else lag.max()) > self.ctx.gate.max_catchup_tokens:
             cap = np.where(lag > self.ctx.gate.max_catchup_tokens, 0, cap)
         surv = self.survival(view, d_ctx, uniform)
+        csum = self._prefix_sums(surv) if n > 1 else None  # (n, K+1): expected accepted draft tokens at each k
         cons = self._constraints(view)
         pace = self._pace[view.slots]  # (n,) NaN where not yet decided on
         known = np.isfinite(pace)
         known = True if n > 1 and known.all() else known  # True: every request's pace is known
         w = self._residence_weights(view, pace, known)
-        choice = admit_parametric(self.cost, view.ctx_lens, surv if w is None else surv * w[:, None], cap, cons,
-                                  drafter=d_ctx, lag=self._amortised_lag(lag, surv, cap, view.remaining) if lagged else None,
-                                  g0=self._g, k0=self._asked_prev[view.slots])
+        choice = admit_parametric(self.cost, view.ctx_lens, surv, cap, cons, drafter=d_ctx,
+                                  lag=self._amortised_lag(lag, surv, csum, cap, view.remaining) if lagged else None,
+                                  g0=self._g, k0=None if n == 1 else self._asked_prev[view.slots], psum=csum, weights=w)
         g_value = self._g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
-        per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)  # (n,) expected accepted
+        rows = self._rows(n)
+        per_req = self._accepted(surv, csum, rows, choice.k)  # (n,) expected accepted
         if w is not None:  # report the prediction in plain tokens
             choice = Choice(choice.k, float(n + per_req.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         if self.bandit is not None and self.bandit.exploring:
             probed = self._probe_unmeasured(view, choice, cap, lag, d_ctx, surv, cons)
             if probed is not choice:
                 choice = probed
-                per_req = np.where(self._pos_idx < choice.k[:, None], surv, 0.0).sum(axis=1)
-        if (choice.k.max(initial=0) == 0 and cap.max(initial=0) > 0 and not (lagged and lag[cap > 0].any())
+                per_req = self._accepted(surv, csum, rows, choice.k)
+        all_zero = int(choice.k[0]) == 0 and int(cap[0]) > 0 if n == 1 else choice.k.max() == 0 and cap.max() > 0
+        if (all_zero and not (lagged and lag[cap > 0].any())
                 and not self._pays_at_pooled_rates(view)):
             # Speculation did not pay for requests whose drafts are in sync, and would not at the
             # drafters' pooled rates either: evidence about the batch size. (A zero that only
@@ -286,7 +291,9 @@ class AdaptivePolicy(BasePolicy):
         n = view.n
         if self.bandit is None:  # one drafter for everyone: no gathers
             e = self.default_exec_drafter()
-            return np.full(n, self.ctx.default, dtype=I64), np.full(n, e, dtype=I64), view.draft_lag[:, e], True
+            if self._default_col.size < n or self._default_col[0] != self.ctx.default:
+                self._default_col = np.full(max(n, 2 * self._default_col.size), self.ctx.default, dtype=I64)
+            return self._default_col[:n], np.full(n, e, dtype=I64), view.draft_lag[:, e], True
         switch_cost = None
         if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
             lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
@@ -321,7 +328,7 @@ class AdaptivePolicy(BasePolicy):
             return None
         if uniform and d_ctx.shape[0] == 1 and d_ctx[0] >= 0:  # batch 1 on plain floats (w is None there)
             one = min(max(g_value * float(choice.next_cost[0]), 0.0), 1.0)
-            return self._conf[int(d_ctx[0])].raw_cut(np.array([one]))
+            return np.array([self._conf[int(d_ctx[0])].raw_cut_one(one)])
         # one more token of confidence p pays iff its value w * p beats goodput * its marginal cost
         cuts = g_value * choice.next_cost if w is None else g_value * choice.next_cost / w
         # the executor compares the drafter's raw running confidence; the cut is in survival, so
@@ -510,18 +517,42 @@ class AdaptivePolicy(BasePolicy):
         smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now
         self._pace[slots] = smoothed if known is True else np.where(known, smoothed, now)
 
-    @staticmethod
-    def _amortised_lag(lag: np.ndarray, surv: np.ndarray, cap: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    def _amortised_lag(self, lag: np.ndarray, surv: np.ndarray, csum: np.ndarray | None, cap: np.ndarray,
+                       remaining: np.ndarray) -> np.ndarray:
         """Catch-up tokens charged to this step: the re-prefill is paid once and serves every later
         step of the request, about remaining / E[tokens per step] of them, so a step carries that
         share of it (a myopic step-level optimiser would never catch up, and a draft that fell
-        behind while the gate was off would stay behind for good)."""
+        behind while the gate was off would stay behind for good). ``csum``: ``surv``'s
+        ``_prefix_sums`` (None: not taken yet)."""
         if not lag.any():
             return lag
-        csum = np.concatenate([np.zeros((surv.shape[0], 1)), np.cumsum(surv, axis=1)], axis=1)
-        per_step = 1.0 + csum[np.arange(cap.shape[0]), cap]  # cap is within 0..K (``caps``)
+        if csum is None:
+            csum = self._prefix_sums(surv)
+        per_step = 1.0 + csum[self._rows(cap.shape[0]), cap]  # cap is within 0..K (``caps``)
         steps_left = np.maximum(remaining / per_step, 1.0)
         return lag / steps_left
+
+    @staticmethod
+    def _prefix_sums(surv: np.ndarray) -> np.ndarray:
+        """(n, K+1): each request's expected accepted draft tokens at k = 0..K (its survivals' prefix sums)."""
+        csum = np.empty((surv.shape[0], surv.shape[1] + 1))
+        csum[:, 0] = 0.0
+        np.cumsum(surv, axis=1, out=csum[:, 1:])
+        return csum
+
+    @staticmethod
+    def _accepted(surv: np.ndarray, csum: np.ndarray | None, rows: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """(n,) expected accepted draft tokens at draft lengths ``k`` (batch 1: from ``surv`` on plain
+        floats, the same additions in the same order as ``csum``'s)."""
+        if csum is not None:
+            return csum[rows, k]
+        return np.array([sum(surv[0, : int(k[0])].tolist())])
+
+    def _rows(self, n: int) -> np.ndarray:
+        """np.arange(n), from a cached range grown as needed (row indices for per-request gathers)."""
+        if n > self._arange.size:
+            self._arange = np.arange(max(n, 2 * self._arange.size))
+        return self._arange[:n]
 
     def wants_draft_prefill(self, view: StepView) -> bool:
         return super().wants_draft_prefill(view) and self.gate.on
@@ -557,7 +588,8 @@ class AdaptivePolicy(BasePolicy):
         tried = self._tried(outcome, d_ctx, uniform)
         s, t = chain_trials(tried, outcome.accepted)
         spec = tried > 0
-        if not spec.any():
+        one = outcome.n == 1  # (plain bools instead of reductions)
+        if not (spec[0] if one else spec.any()):
             self._refit(outcome, d_ctx, outcome.drafted > 0, uniform)
             return
         self._learn(outcome, d_ctx, tried, spec, s, t, uniform)
@@ -571,18 +603,17 @@ class AdaptivePolicy(BasePolicy):
                t: np.ndarray, uniform: bool) -> None:
         """Update the acceptance estimators (per position, per request, per category, confidence
         calibration) with the requests that drafted (``spec``); ``s``, ``t``: their chain trials."""
-        if uniform and d_ctx[0] >= 0 and spec.all():  # one known drafter, everyone drafted: no masks
+        if uniform and d_ctx[0] >= 0 and (outcome.n == 1 or spec.all()):  # one known drafter, everyone drafted
+            # (at batch 1 the caller saw that it drafted): no masks
             i = int(d_ctx[0])
-            self.pos[i].update(tried, outcome.accepted)
-            self.req[i].ensure(int(outcome.slots[0] if outcome.n == 1 else outcome.slots.max()))
+            self.pos[i].update(tried, outcome.accepted, t)
             self.req[i].update(outcome.slots, s, t)
         else:
             for i in range(len(self.ctx.drafters)):
                 sel = spec & (d_ctx == i)
                 if not sel.any():
                     continue
-                self.pos[i].update(tried[sel], outcome.accepted[sel])
-                self.req[i].ensure(int(outcome.slots[sel].max()))
+                self.pos[i].update(tried[sel], outcome.accepted[sel], t[sel])
                 self.req[i].update(outcome.slots[sel], s[sel], t[sel])
         if outcome.category is not None:
             self.cat.update(outcome.category[spec], s[spec], t[spec])
@@ -621,13 +652,17 @@ class AdaptivePolicy(BasePolicy):
 
     def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray, uniform: bool) -> None:
         self.loop.update(outcome.prev_loop_ms, outcome.prev_loop_requests)
+        one = outcome.n == 1  # (plain ints instead of reductions: the same sums)
         if outcome.verify_ms > 0:
             # the pass also computed any prompt chunks mixed into it (chunked prefill)
-            verified = (float(outcome.verified.sum() + outcome.n) if self.verify.per_request
-                        else float(self.verify.verified_tokens(outcome.verified).sum()))  # padding included
-            self.rls_target.update(float(outcome.ctx_lens.sum()) + outcome.prefill_ctx_tokens,
+            ctx_sum = int(outcome.ctx_lens[0]) if one else outcome.ctx_lens.sum()
+            if self.verify.per_request:
+                verified = float((int(outcome.verified[0]) if one else outcome.verified.sum()) + outcome.n)
+            else:
+                verified = float(self.verify.verified_tokens(outcome.verified).sum())  # padding included
+            self.rls_target.update(float(ctx_sum) + outcome.prefill_ctx_tokens,
                                    verified + outcome.prefill_tokens, outcome.verify_ms, 1.0, float(outcome.n))
-        used = d_ctx[:1] if uniform and spec.any() else self._drafters_in(d_ctx[spec])
+        used = d_ctx[:1] if uniform and (spec[0] if one else spec.any()) else self._drafters_in(d_ctx[spec])
         if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
             rls = self.rls_draft[int(used[0])]
             if rls is not None:

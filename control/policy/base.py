@@ -114,6 +114,8 @@ class BasePolicy:
             self._grow_slots(max(int(slots.max()) + 1, 2 * self._slot_rid.size))
             known = self._slot_rid[slots]
         fresh = known != view.request_ids
+        if not fresh.any():  # the usual step: no new request, nothing to write
+            return slots[:0]
         self._slot_rid[slots] = view.request_ids
         return slots[fresh]
 

@@ -78,3 +78,83 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     (stages,) = doc["stages"]
     for name, _ in STAGES:
         assert stages[name] > 0, name
+
+
+def test_the_decision_cost_benchmark_runs_the_policy_off_the_critical_path(tmp_path):
+    """``--overlap``: a worker thread decides step t+1 while step t sleeps; every step gets a
+    decision, and the worker's own time is reported next to the step loop's hand-over and wait."""
+    import json
+
+    from benchmarks.decision_cost import main
+
+    out = tmp_path / "dc.json"
+    assert main(["--batches", "3", "--policies", "adaptive", "--steps", "20", "--overlap", "--overlap-steps", "15",
+                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["overlap"]
+    assert row["batch"] == 3 and row["modelled_step_ms"] > 0
+    assert row["on_path_us_p50"] > 0 and row["off_path_us_p50"] > 0
+    assert row["on_path_share_pct"] == pytest.approx(row["on_path_us_p50"] / (row["modelled_step_ms"] * 10))
+
+
+def test_the_scalar_confidence_cut_gives_the_array_cut_bit_for_bit():
+    """Batch 1 maps its cut through ``raw_cut_one`` on plain floats; it must equal ``raw_cut`` exactly,
+    across bins, at the curve's knots, and past both ends (never stop / always stop)."""
+    from control.goodput.estimators import ConfidenceMap
+
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        cm = ConfidenceMap()
+        for _ in range(int(rng.integers(0, 25))):
+            prod = rng.random(24) ** 3
+            cm.update(prod, rng.random(24) < prod ** 0.3)
+        cuts = np.concatenate([rng.random(100), cm.curve(), cm._ramped, [-0.1, 0.0, 1.0, 1.5]])
+        want = cm.raw_cut(cuts)
+        got = np.array([cm.raw_cut_one(float(c)) for c in cuts])
+        assert np.array_equal(got, want), np.flatnonzero(got != want)
+
+
+def test_request_posteriors_grow_on_update_and_new_slots_start_empty():
+    """``RequestBeta.update`` grows its arrays when a slot lies past them (no max() every step), and
+    the slots it adds start from the prior, not from copies of earlier slots."""
+    from control.goodput.estimators import RequestBeta
+
+    rb = RequestBeta(strength=8.0, capacity=4)
+    rb.update(np.array([0, 1, 2, 3]), np.array([3, 1, 0, 2]), np.array([4, 2, 1, 3]))
+    rb.update(np.array([1, 9]), np.array([1, 2]), np.array([2, 3]))
+    assert rb.s.size >= 10 and rb.t.size == rb.s.size
+    np.testing.assert_array_equal(rb.s[:4], [3, 2, 0, 2])
+    np.testing.assert_array_equal(rb.t[:4], [4, 4, 1, 3])
+    np.testing.assert_array_equal(rb.s[4:9], 0.0)  # added slots start empty
+    assert rb.s[9] == 2 and rb.t[9] == 3
+    rb.update(np.array([12]), np.array([1]), np.array([2]))  # batch 1 grows too
+    assert rb.t[12] == 2 and rb.mean(np.array([12]), 0.5)[0] == (1 + 8 * 0.5) / (2 + 8)
+
+
+def test_weights_and_prefix_sums_given_to_the_optimiser_equal_weighted_survival():
+    """``admit_parametric(surv, weights=w, psum=...)`` decides as ``admit_parametric(surv * w)``: one
+    drafter or several, capped or not, with catch-up, and where a KV limit binds (the fallback)."""
+    from control.goodput.cost import LinearCost
+    from control.goodput.optimizer import Constraints, admit_parametric
+    from control.goodput.stepcost import DrafterCost, DrafterKind, StepCostModel
+
+    rng = np.random.default_rng(11)
+    drafters = (DrafterCost("d", DrafterKind.draft_model, LinearCost(a=3e-6, b=0.01, c=0.6), const_ms=0.1),
+                DrafterCost("ng", DrafterKind.ngram, None, const_ms=0.05),
+                DrafterCost("e", DrafterKind.eagle, LinearCost(a=1e-6, b=0.004, c=0.3)))
+    K = 8
+    for _ in range(300):
+        m = int(rng.integers(1, 4))
+        cost = StepCostModel(LinearCost(a=2e-5, b=0.05, c=5.0), drafters[:m], overhead_ms=0.5)
+        n = int(rng.integers(2, 30))
+        surv = np.cumprod(rng.uniform(0.2, 0.99, (n, K)), axis=1)
+        cap = np.minimum(rng.integers(0, K + 3, n), K)
+        ctx = rng.integers(16, 4000, n).astype(float)
+        drafter = np.full(n, int(rng.integers(0, m))) if rng.random() < 0.6 else rng.integers(0, m, n)
+        lag = (rng.random(n) < 0.3) * rng.uniform(0, 30, n)
+        w = rng.uniform(0.5, 2.0, n)
+        cons = Constraints(free_kv_slots=int(rng.integers(0, 3 * n))) if rng.random() < 0.4 else Constraints()
+        psum = np.concatenate([np.zeros((n, 1)), np.cumsum(surv, axis=1)], axis=1)
+        want = admit_parametric(cost, ctx, surv * w[:, None], cap, cons, drafter=drafter, lag=lag)
+        got = admit_parametric(cost, ctx, surv, cap, cons, drafter=drafter, lag=lag, psum=psum, weights=w)
+        np.testing.assert_array_equal(got.k, want.k)
+        assert got.tokens == pytest.approx(want.tokens, rel=1e-9) and got.step_ms == pytest.approx(want.step_ms, rel=1e-9)
