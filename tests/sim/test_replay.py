@@ -163,3 +163,29 @@ def test_bad_inputs_name_the_value(record, profile, tmp_path):
     with pytest.raises(ConfigError, match="not a replay record"):
         ReplayRecord.load(tmp_path / "bad.npz")
     assert "none" in fixed_configs(record) and f"fixed:{MAX_K}@ngram" in fixed_configs(record)
+
+
+def test_replay_bar_script_prints_the_same_table_twice(tmp_path):
+    """benchmarks/replay_bar.py on the stored record of the quick pair: the table names the best fixed
+    configuration and adaptive's ratio, and a second run prints exactly the same."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run() -> str:
+        p = subprocess.run([sys.executable, str(root / "benchmarks" / "replay_bar.py"), "--batches", "32",
+                            "--json", str(tmp_path / "rows.json")], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    first = run()
+    assert first == run()
+    row = next(line for line in first.splitlines() if line.startswith("| 32 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2].startswith("fixed:") and 0.5 < float(cells[5]) < 1.5
+    assert "bar (adaptive / best fixed >= 1.00 at every batch)" in first
