@@ -33,11 +33,11 @@ BAR = 0.90
 
 
 def _run(args):
-    setup, workload, spec = args
+    setup, workload, spec, rates = args
     from control.bench.simrun import run_policy
 
     t = time.perf_counter()
-    return spec, run_policy(setup, workload, spec, 0), time.perf_counter() - t
+    return spec, run_policy(setup, workload, spec, 0, rates=rates), time.perf_counter() - t
 
 
 def build_setup(profile_path: str | None, workload: str, max_k: int):
@@ -71,6 +71,10 @@ def main(argv=None) -> int:
     ap.add_argument("--segment-s", type=float, default=300.0, help="segment length in seconds (default 300)")
     ap.add_argument("--requests", type=int, default=3000, help="the trace's first N requests (default 3000)")
     ap.add_argument("--capacity", type=float, help="no-speculation capacity in req/s (default: measure it)")
+    ap.add_argument("--acceptance-levels", help="drafters' mean acceptance per segment in turn, e.g. 0.9,0.4 "
+                                                "(default: the workload's acceptance table, constant)")
+    ap.add_argument("--concentration", type=float, default=8.0,
+                    help="Beta concentration of per-request rates around a segment's mean (default 8)")
     ap.add_argument("--static", default=",".join(STATIC), help="static configurations (comma-separated)")
     ap.add_argument("--policies", default=",".join(POLICIES), help="adaptive policies (comma-separated)")
     ap.add_argument("--max-k", type=int, default=8)
@@ -79,7 +83,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from control.bench.simrun import measure_capacity
-    from control.bench.swing import segment_table, swing_rate
+    from control.bench.swing import drifting_rates, segment_table, swing_rate
     from control.errors import SpecctlError
 
     try:
@@ -87,6 +91,10 @@ def main(argv=None) -> int:
         capacity = args.capacity or measure_capacity(setup)
         levels = [float(x) for x in args.levels.split(",")]
         swing = swing_rate(setup.workload, [x * capacity for x in levels], args.segment_s, args.requests)
+        rates = None
+        if args.acceptance_levels:
+            acc = [float(x) for x in args.acceptance_levels.split(",")]
+            rates = drifting_rates(setup.rates(swing.workload, 0).rates, swing, acc, args.concentration)
     except (SpecctlError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -94,8 +102,8 @@ def main(argv=None) -> int:
     policies = [p for p in args.policies.split(",") if p]
     print(f"profile {setup.profile.sku}/{setup.profile.pair}; {swing.workload.describe()}; capacity {capacity:.3f} req/s; "
           f"levels {', '.join(f'{x:g} ({x * capacity:.2f} req/s)' for x in levels)}, {args.segment_s:g} s segments, "
-          f"{swing.segments} segments", flush=True)
-    jobs = [(setup, swing.workload, s) for s in static + policies]
+          f"{swing.segments} segments; acceptance {args.acceptance_levels or 'from the table'}", flush=True)
+    jobs = [(setup, swing.workload, s, rates) for s in static + policies]
     runs = {}
     if args.workers > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -115,7 +123,8 @@ def main(argv=None) -> int:
     print("| configuration | mean latency s |\n|---|---|")
     for spec in static + policies:
         print(f"| {spec} | {np.mean(runs[spec].finish_s - runs[spec].arrival_s):.3f} |")
-    out = {"capacity_req_s": capacity, "levels": levels, "segment_s": args.segment_s, "requests": swing.workload.n}
+    out = {"capacity_req_s": capacity, "levels": levels, "segment_s": args.segment_s, "requests": swing.workload.n,
+           "acceptance_levels": args.acceptance_levels}
     for p in policies:
         rows = segment_table(runs, swing, p, static)
         out[p] = rows

@@ -4,7 +4,9 @@
 (each gap is the trace's own gap, rescaled), but sets the mean rate of each ``segment_s``-long span
 of the new time axis to the next level in turn (e.g. below and above the rate where speculation
 stops paying). ``segment_table`` reads a run per segment: the mean latency of the requests arriving
-in each one, and which configuration was best there in hindsight.
+in each one, and which configuration was best there in hindsight. ``drifting_rates`` makes the
+drafters' acceptance drift instead (or as well): each segment draws its requests' rates around its
+own mean, as when the prompt mix changes over the day.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from control.bench.workloads import Workload
 from control.errors import ConfigError
+from control.goodput.acceptance import MAX_RATE
 from control.executors.sim import SimResult
 
 
@@ -82,3 +85,21 @@ def segment_table(runs: dict[str, SimResult], swing: Swing, policy: str, static:
                  "policy": whole[policy], "best_static": best, "best_static_s": whole[best],
                  "ratio": whole[policy] / whole[best]})
     return rows
+
+
+def drifting_rates(base_rates: np.ndarray, swing: Swing, means: list[float], concentration: float,
+                   seed: int = 0) -> np.ndarray:
+    """(N, m) per-request acceptance rates whose mean follows ``means`` segment by segment (segment i:
+    ``means[i % len]``) for every drafter; each request keeps its quantile in the Beta of its segment."""
+    from scipy.stats import beta as beta_dist
+
+    if not means or any(not 0.0 < x < 1.0 for x in means):
+        raise ConfigError(f"acceptance means {means!r}: give one or more rates in (0, 1)")
+    if not (concentration > 0 and math.isfinite(concentration)):
+        raise ConfigError(f"concentration {concentration!r}: must be a finite number > 0")
+    u = np.random.default_rng([seed, 41]).uniform(size=swing.workload.n)  # (N,) request difficulty
+    mean = np.asarray(means, dtype=np.float64)[swing.segment % len(means)]  # (N,)
+    r = beta_dist.ppf(u, mean * concentration, (1.0 - mean) * concentration)  # (N,)
+    out = np.array(base_rates, dtype=np.float64, copy=True)
+    out[:, :] = np.clip(r, 0.0, MAX_RATE)[:, None]
+    return out
