@@ -40,6 +40,23 @@ def _run(args):
     return spec, run_policy(setup, workload, spec, 0, rates=rates), time.perf_counter() - t
 
 
+def run_all(jobs: list, workers: int) -> dict:
+    """Every configuration on the same arrivals (in ``workers`` processes); progress on stderr."""
+    runs = {}
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            done = list(ex.map(_run, jobs))
+    else:
+        done = map(_run, jobs)
+    for spec, res, wall in done:
+        runs[spec] = res
+        print(f"  {spec}: mean latency {np.mean(res.finish_s - res.arrival_s):.2f} s ({wall:.0f} s)",
+              file=sys.stderr, flush=True)
+    return runs
+
+
 def build_setup(profile_path: str | None, workload: str, max_k: int):
     from control.bench.simrun import SimSetup
     from control.bench.workloads import load_workload
@@ -103,23 +120,7 @@ def main(argv=None) -> int:
     print(f"profile {setup.profile.sku}/{setup.profile.pair}; {swing.workload.describe()}; capacity {capacity:.3f} req/s; "
           f"levels {', '.join(f'{x:g} ({x * capacity:.2f} req/s)' for x in levels)}, {args.segment_s:g} s segments, "
           f"{swing.segments} segments; acceptance {args.acceptance_levels or 'from the table'}", flush=True)
-    jobs = [(setup, swing.workload, s, rates) for s in static + policies]
-    runs = {}
-    if args.workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=args.workers) as ex:
-            done = ex.map(_run, jobs)
-            for spec, res, wall in done:
-                runs[spec] = res
-                print(f"  {spec}: mean latency {np.mean(res.finish_s - res.arrival_s):.2f} s ({wall:.0f} s)",
-                      file=sys.stderr, flush=True)
-    else:
-        for job in jobs:
-            spec, res, wall = _run(job)
-            runs[spec] = res
-            print(f"  {spec}: mean latency {np.mean(res.finish_s - res.arrival_s):.2f} s ({wall:.0f} s)",
-                  file=sys.stderr, flush=True)
+    runs = run_all([(setup, swing.workload, s, rates) for s in static + policies], args.workers)
     print("| configuration | mean latency s |\n|---|---|")
     for spec in static + policies:
         print(f"| {spec} | {np.mean(runs[spec].finish_s - runs[spec].arrival_s):.3f} |")

@@ -67,3 +67,25 @@ def test_bad_inputs_name_the_value():
     sw = swing_rate(base, [1.0], 10.0)
     with pytest.raises(ConfigError, match="acceptance means"):
         drifting_rates(np.zeros((base.n, 1)), sw, [1.2], 8.0)
+
+
+def test_adaptive_swing_script_prints_per_segment_rows(tmp_path):
+    """benchmarks/adaptive_swing.py runs as documented on a small Poisson trace and writes its rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "adaptive_swing.py"), "--workload",
+                        "poisson:in=128,out=32", "--capacity", "4.0", "--levels", "0.3,0.9", "--segment-s", "20",
+                        "--requests", "120", "--acceptance-levels", "0.9,0.3", "--static", "none,fixed:2",
+                        "--policies", "adaptive", "--json", str(tmp_path / "swing.json")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads((tmp_path / "swing.json").read_text())["adaptive"]
+    assert rows[-1]["segment"] == "all" and rows[-1]["requests"] == 120
+    assert {r["best_static"] for r in rows} <= {"none", "fixed:2"}
+    assert "adaptive / best static" in p.stdout and "bar (adaptive" in p.stdout
