@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from control.errors import ConfigError
-from control.executors.sim import SimConfig, SimEngine, SimResult
-from control.executors.sim.acceptance import ReplayAcceptance
+from control.executors.sim import ReplayAcceptance, SimConfig, SimEngine, SimResult
 from control.profile import Profile
 
 SCHEMA = "specctl.replay/v1"
@@ -256,7 +255,7 @@ def replay_run(record: ReplayRecord, profile: Profile, spec: str, batch: int, *,
         profile.drafter(d)  # names the profile's drafters if one is missing
     pol, plan_drafters = parse_config(spec, record.drafters)
     rows = np.arange(record.n) if rows is None else np.asarray(rows)
-    P, O = record.prompt_tokens[rows], record.output_tokens[rows]
+    P, O = record.prompt_tokens[rows], record.output_tokens[rows]  # noqa: E741 - prompt and output lengths
     plan = compile_plan(profile, policy=pol, max_k=record.max_k, drafters=plan_drafters or list(record.drafters),
                         default_drafter=(plan_drafters or [None])[0], reason="replay")
     cost = profile.step_cost(list(record.drafters))

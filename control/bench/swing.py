@@ -18,8 +18,8 @@ import numpy as np
 
 from control.bench.workloads import Workload
 from control.errors import ConfigError
-from control.goodput.acceptance import MAX_RATE
 from control.executors.sim import SimResult
+from control.goodput.acceptance import MAX_RATE
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,6 @@ class SimEngine:
         step = 0
 
         init = policy.decide(self._empty_view(K, cfg, now, 0, N - nxt))
-        prefill_draft = bool(init.prefill_draft)
         pmask = self._prefill_mask(init)
         dirty = True  # batch membership changed: recompute the index arrays
         pending = dec = rid_all = cat_dec = zeros_n[:0]
@@ -286,7 +285,6 @@ class SimEngine:
                 prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=waiting,
             )
             decision: Decision = policy.decide(view)
-            prefill_draft = bool(decision.prefill_draft)
             pmask = self._prefill_mask(decision)
             t_draft = 0.0
             draft_passes = draft_ctx_tok = draft_b_tok = 0
