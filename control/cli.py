@@ -24,6 +24,7 @@ COMMANDS = {
     "control-plane": "control.commands.control_plane",
     "roofline": "control.commands.roofline",
     "sim": "control.commands.sim",
+    "record-acceptance": "control.commands.record",
     "profile": "control.commands.profile",
     "serve": "control.commands.serve",
     "bench": "control.commands.bench",

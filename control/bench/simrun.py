@@ -123,10 +123,11 @@ def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int, price: floa
     return build_policy(spec, plan, seed=seed)
 
 
-def _simulate(setup: SimSetup, workload: Workload, spec: str, seed: int, price: float | None = None) -> SimResult:
+def _simulate(setup: SimSetup, workload: Workload, spec: str, seed: int, price: float | None = None,
+              rates: np.ndarray | None = None) -> SimResult:
     plan = setup.plan()
     rr = setup.rates(workload, seed)
-    proc = AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, setup.max_k, seed)
+    proc = AcceptanceProcess(rr.rates if rates is None else rates, rr.decay, rr.informativeness, setup.max_k, seed)
     cost = setup.profile.step_cost(setup.drafters)
     mape = {"target": setup.profile.models["target"].mape}
     prefill = tuple(setup.profile.models[e.model].to_cost() if e.model else None for e in setup.entries)
@@ -140,8 +141,9 @@ def _simulate(setup: SimSetup, workload: Workload, spec: str, seed: int, price: 
     return res
 
 
-def run_policy(setup: SimSetup, workload: Workload, spec: str, seed: int) -> SimResult:
-    """Simulate ``workload`` (already at its arrival rate) under policy ``spec``.
+def run_policy(setup: SimSetup, workload: Workload, spec: str, seed: int, rates: np.ndarray | None = None) -> SimResult:
+    """Simulate ``workload`` (already at its arrival rate) under policy ``spec`` (``rates``: (n, m)
+    per-request acceptance rates instead of the setup's draw, e.g. a drift over time).
 
     ``oracle`` runs several times on the same arrivals and outcomes: first maximising each step's
     goodput, then maximising tokens - price * step time with the price set to the goodput (tokens
@@ -150,15 +152,15 @@ def run_policy(setup: SimSetup, workload: Workload, spec: str, seed: int) -> Sim
     less than the run's average), so every fixed k is run too: the run with the least busy time,
     hence the highest goodput, in hindsight is its result."""
     if spec == RATE_ORACLE or parse_policy_spec(spec).name != "oracle":
-        return _simulate(setup, workload, spec, seed)
-    best = res = _simulate(setup, workload, spec, seed)
+        return _simulate(setup, workload, spec, seed, rates=rates)
+    best = res = _simulate(setup, workload, spec, seed, rates=rates)
     for _ in range(ORACLE_PRICE_ROUNDS):
         price = float(res.output_tokens.sum()) / (res.busy_s * 1000.0)
-        res = _simulate(setup, workload, spec, seed, price)
+        res = _simulate(setup, workload, spec, seed, price, rates=rates)
         if res.busy_s < best.busy_s:
             best = res
     for k in range(setup.max_k + 1):
-        res = _simulate(setup, workload, f"fixed:{k}", seed)
+        res = _simulate(setup, workload, f"fixed:{k}", seed, rates=rates)
         if res.busy_s < best.busy_s:
             best = res
     best.policy = spec

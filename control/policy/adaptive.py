@@ -566,8 +566,11 @@ class AdaptivePolicy(BasePolicy):
         rejection there. Counting only what was drafted made n-gram's per-position rates those of
         its long matches, and on the live CPU server adaptive drifted to n-gram with k up to 8 while
         its realised acceptance fell to 0.4 (predicted 5.0 accepted tokens at k = 8, realised 1.8).
-        Stops the policy asked for (a confidence cut) are not rejections. (``uniform``: one drafter
-        for the whole step.)"""
+        A lookup that found nothing is no trial: it drafted and verified nothing, so the step was
+        plain decoding for that request at the lookup's cost alone. Counted as a rejection, it made
+        n-gram look worst at the start of every request (no earlier text to match yet) and steered
+        the drafter bandit away from it for the whole run. Stops the policy asked for (a confidence
+        cut) are not rejections. (``uniform``: one drafter for the whole step.)"""
         v = outcome.verified
         if uniform and d_ctx[0] >= 0 and self.ctx.confidences[d_ctx[0]]:
             return v  # a drafter with confidences stops short only where the policy's cut said so
@@ -577,7 +580,7 @@ class AdaptivePolicy(BasePolicy):
         short = stopped_short(asked, outcome.drafted, v, outcome.accepted) & (d_ctx >= 0)
         if not short.any():
             return v
-        short &= ~self.ctx.confidences[np.maximum(d_ctx, 0)]
+        short &= ~self.ctx.confidences[np.maximum(d_ctx, 0)] & (outcome.drafted > 0)
         return np.where(short, v + 1, v)
 
     def observe(self, outcome: StepOutcome) -> None:

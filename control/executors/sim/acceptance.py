@@ -123,3 +123,85 @@ class AcceptanceProcess:
             acc, _ = self.draw(rid, pos, d)
             out[:, d] = self.leading(acc)
         return out
+
+
+class ReplayAcceptance:
+    """Acceptance recorded from a real model pair under greedy decoding, replayed exactly.
+
+    Under greedy decoding a request's continuation and each drafter's proposal at an output position
+    depend on the context alone, so what a draft of any length k would get accepted is known once the
+    drafter's longest proposal at that position is compared with the target's continuation:
+    ``lead[r, p, d]`` tokens match. A step drafting k tokens there accepts min(lead, k).
+
+    Args:
+        lead: (n_requests, positions, m) matching prefix of drafter d's ``max_k``-token proposal at
+            output position p (tokens generated so far) against the target's greedy continuation.
+        avail: (n_requests, positions, m) tokens the drafter proposes there (n-gram lookup may find
+            fewer than ``max_k``, or none; a draft model always proposes ``max_k``).
+        conf: (n_requests, positions, m, max_k) the draft model's probability of each proposed token
+            (its top probability); NaN for drafters without confidences and past ``avail``.
+        has_conf: (m,) whether drafter d reports confidences.
+    """
+
+    def __init__(self, lead: np.ndarray, avail: np.ndarray, conf: np.ndarray, has_conf: np.ndarray) -> None:
+        lead = np.asarray(lead)
+        if lead.ndim != 3:
+            raise ValueError(f"lead must be (requests, positions, drafters), got shape {lead.shape}")
+        if np.asarray(avail).shape != lead.shape or np.asarray(conf).shape[:3] != lead.shape:
+            raise ValueError(f"avail {np.shape(avail)} and conf {np.shape(conf)} must match lead {lead.shape} "
+                             "(conf with one more axis: the draft position)")
+        self.lead = lead.astype(np.int16)  # (N, P, m)
+        self.avail = np.asarray(avail).astype(np.int16)  # (N, P, m)
+        self.conf = np.asarray(conf, dtype=np.float32)  # (N, P, m, K)
+        self.n, self.positions, self.m = lead.shape
+        self.K = int(self.conf.shape[3])
+        self.has_conf = np.asarray(has_conf, dtype=bool).reshape(self.m)
+        if (self.lead > self.avail).any():
+            raise ValueError("lead exceeds avail somewhere: a drafter cannot match more tokens than it proposed")
+        self._j = np.arange(self.K)
+
+    def _check(self, rid: np.ndarray, pos: np.ndarray) -> None:
+        if rid.size and (int(rid.max()) >= self.n or int(pos.max()) >= self.positions or int(pos.min()) < 0):
+            raise ValueError(f"replay holds {self.n} requests x {self.positions} output positions; asked for request "
+                             f"{int(rid.max())}, position {int(pos.min())}..{int(pos.max())} (record more tokens or "
+                             "run fewer requests)")
+
+    def limit(self, rid: np.ndarray, pos: np.ndarray, d: int) -> np.ndarray:
+        """(n,) tokens drafter d can propose for each request at its output position."""
+        rid, pos = np.asarray(rid), np.asarray(pos)
+        self._check(rid, pos)
+        return self.avail[rid, pos, d].astype(np.int64)
+
+    def draw(self, rid: np.ndarray, pos: np.ndarray, d: int, k: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Accept flags (n, k): the first lead[r, pos, d] positions accepted; confidences (n, k) or None."""
+        k = self.K if k is None else min(int(k), self.K)
+        rid, pos = np.asarray(rid), np.asarray(pos)
+        self._check(rid, pos)
+        acc = self._j[None, :k] < self.lead[rid, pos, d][:, None]
+        if not self.has_conf[d]:
+            return acc, None
+        return acc, self.conf[rid, pos, d, :k].astype(np.float64)
+
+    def conditional(self, rid: np.ndarray, d: int, k: int | None = None) -> np.ndarray:
+        """(n, k) each request's empirical conditional acceptance at draft positions 1..k over its
+        recorded positions (what a rate oracle may know; no single outcome)."""
+        k = self.K if k is None else k
+        lead = self.lead[np.asarray(rid), :, d].astype(np.int64)  # (n, P)
+        reach = (lead[:, :, None] >= self._j[None, None, :k]).sum(axis=1)  # (n, k): positions reaching j
+        ok = (lead[:, :, None] > self._j[None, None, :k]).sum(axis=1)  # (n, k): ... and accepting j + 1
+        return np.where(reach > 0, ok / np.maximum(reach, 1), 0.0)
+
+    @staticmethod
+    def leading(accept: np.ndarray) -> np.ndarray:
+        return AcceptanceProcess.leading(accept)
+
+    def leading_all(self, rid: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """(n, m) accepted run under each drafter at k = max_k."""
+        rid, pos = np.asarray(rid), np.asarray(pos)
+        self._check(rid, pos)
+        return self.lead[rid, pos, :].astype(np.int64)
+
+    def subset(self, rows: np.ndarray) -> ReplayAcceptance:
+        """The replay of requests ``rows`` only, renumbered 0..len(rows) - 1."""
+        rows = np.asarray(rows)
+        return ReplayAcceptance(self.lead[rows], self.avail[rows], self.conf[rows], self.has_conf)

@@ -18,7 +18,10 @@ A decode step calls the policy exactly as the reference executor does: ``decide(
 the target (draft prefill skipped, or steps taken without it) re-prefills the lag in its first draft
 pass (the catch-up); a request that decodes without a drafter makes that drafter fall behind by the
 tokens it generated. The draft prefill of new prompts runs when the policy's latest decision asks
-for it (``Decision.prefill_draft``), for every drafter that keeps state.
+for it (``Decision.prefill_draft``), for every drafter that keeps state, or with
+``SimConfig.prefill_one_drafter`` only for ``Decision.prefill_drafter`` (the first draft model when
+it names none), as the reference executor does. An acceptance model that knows how many tokens a
+drafter can propose (``ReplayAcceptance.limit``: n-gram lookup may find fewer than k) caps the draft.
 
 Times: T_fwd from the profile's linear models (target: one verify pass over sum ctx and
 sum (k + 1) tokens plus any prefill tokens, where an engine that verifies by batch expansion
@@ -59,6 +62,7 @@ class SimConfig:
     verify_expansion: bool = False  # verification by batch expansion: k + 1 KV reads per request
     host_token_ms: float = 0.0  # host time per generated token (output processing), serial with the GPU
     verify: VerifyGranularity = PER_REQUEST  # what the simulated target verifies (padded: K + 1 whatever k)
+    prefill_one_drafter: bool = False  # draft prefill for Decision.prefill_drafter only (reference executor)
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_tokens", "token_budget"):
@@ -131,6 +135,7 @@ class SimEngine:
         self._stateful = np.array([d.has_passes for d in cost.drafters], dtype=bool)
         self._stateful_i = self._stateful.astype(I64)
         self._any_stateful = bool(self._stateful.any())
+        self._limit = getattr(acceptance, "limit", None)  # (rid, pos, d) -> tokens drafter d can propose
         self._jidx = np.arange(max(config.max_k, 1))
         mape = mape or {}
         self._sigma_t = math.sqrt(math.pi / 2) * mape.get("target", cost.target.mape) / 100.0
@@ -205,7 +210,7 @@ class SimEngine:
         step = 0
 
         init = policy.decide(self._empty_view(K, cfg, now, 0, N - nxt))
-        prefill_draft = bool(init.prefill_draft)
+        pmask = self._prefill_mask(init)
         dirty = True  # batch membership changed: recompute the index arrays
         pending = dec = rid_all = cat_dec = zeros_n[:0]
 
@@ -245,12 +250,12 @@ class SimEngine:
                 tok = int(clen.sum())
                 t = self._noisy(tgt.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
                 t += cfg.host_token_ms * chosen.size  # each prompt's first token
-                t += self._draft_prefill_ms(0.0, tok, prefill_draft, int(chosen.size))
+                t += self._draft_prefill_ms(0.0, tok, pmask, int(chosen.size))
                 now += t / 1000.0
                 res.busy_s += t / 1000.0
                 res.steps += 1
                 step += 1
-                self._finish_prefill(chosen, clen, prefill_draft, s_pref, s_gen, s_ctx, s_lag, decoding, first, now)
+                self._finish_prefill(chosen, clen, pmask, s_pref, s_gen, s_ctx, s_lag, decoding, first, now)
                 kv_used += tok + int(chosen.size)
                 dirty = True
                 done, kv_reserved, kv_used = self._retire(chosen, s_rid, s_gen, s_ctx, active, decoding, free, finish,
@@ -282,7 +287,7 @@ class SimEngine:
                 prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=waiting, verify=cfg.verify,
             )
             decision: Decision = policy.decide(view)
-            prefill_draft = bool(decision.prefill_draft)
+            pmask = self._prefill_mask(decision)
             t_draft = 0.0
             draft_passes = draft_ctx_tok = draft_b_tok = 0
             conf_full = None
@@ -311,6 +316,9 @@ class SimEngine:
                     for d in groups:
                         sel = np.flatnonzero(spec) if len(groups) == 1 else np.flatnonzero(spec & (dr == d))
                         ks = k[sel]
+                        k_asked = ks
+                        if self._limit is not None:
+                            ks = np.minimum(ks, self._limit(rid[sel], gen0[sel], d))
                         kmx = int(ks.max())
                         acc_d, conf_d = self.proc.draw(rid[sel], gen0[sel], d, kmx)
                         if conf_d is not None and cut is not None:
@@ -329,7 +337,8 @@ class SimEngine:
                                 conf_full = np.full((n, Kc), np.nan)
                             conf_full[sel, :kmx] = np.where(self._jidx[:kmx][None, :] < dsel[:, None], conf_d, np.nan)
                         lag = s_lag[dec[sel], d]
-                        td, fc, fb, fp = self._draft_cost(d, ctx[sel], psel, lag)
+                        # a lookup that finds nothing still pays for looking
+                        td, fc, fb, fp = self._draft_cost(d, ctx[sel], psel if self._stateful[d] else k_asked, lag)
                         t_draft += self._noisy(td, self._sigma_d[d])
                         draft_ctx_tok += fc
                         draft_b_tok += fb
@@ -381,7 +390,7 @@ class SimEngine:
             if n:
                 t_verify += cfg.host_token_ms * float(gen_step.sum())
             t_verify = self._noisy(t_verify, self._sigma_t)
-            t_pref_draft = (self._draft_prefill_ms(float(chunk_prior), ch_tok, prefill_draft, int(chunk_slots.size))
+            t_pref_draft = (self._draft_prefill_ms(float(chunk_prior), ch_tok, pmask, int(chunk_slots.size))
                             if ch_tok else 0.0)
             if ch_tok and cfg.host_token_ms:
                 # prompts whose last chunk is in this pass emit their first token
@@ -420,15 +429,15 @@ class SimEngine:
                 s_pref[chunk_slots] += chunk_len
                 s_ctx[chunk_slots] += chunk_len
                 kv_used += ch_tok
-                if not prefill_draft and m:
-                    s_lag[chunk_slots, :m] += chunk_len[:, None] * self._stateful[None, :]
+                if m:
+                    s_lag[chunk_slots, :m] += chunk_len[:, None] * (self._stateful & ~pmask)[None, :]
                 fin = chunk_slots[full]
                 if fin.size:
                     dirty = True
                     s_gen[fin] = 1
                     s_ctx[fin] += 1
-                    if not prefill_draft and m:
-                        s_lag[fin, :m] += self._stateful_i[None, :]
+                    if m:
+                        s_lag[fin, :m] += (self._stateful & ~pmask)[None, :]
                     kv_used += fin.size
                     decoding[fin] = True
                     first[s_rid[fin]] = now
@@ -468,25 +477,39 @@ class SimEngine:
                         token_budget=cfg.token_budget, max_k=K, drafters=self.drafters, now=now, step=step,
                         waiting=waiting)
 
-    def _draft_prefill_ms(self, prior: float, tokens: int, on: bool, seqs: int = 1) -> float:
-        """Every stateful draft's prefill pass over ``tokens`` prompt tokens of ``seqs`` sequences."""
-        if not on or tokens <= 0:
+    def _prefill_mask(self, decision: Decision) -> np.ndarray:
+        """(m,) the drafters whose state this iteration's prompts prefill."""
+        if not decision.prefill_draft:
+            return np.zeros(self._stateful.shape, dtype=bool)
+        if not self.cfg.prefill_one_drafter:
+            return self._stateful
+        d = int(decision.prefill_drafter)
+        if not (0 <= d < self._stateful.size and self._stateful[d]):
+            d = int(np.argmax(self._stateful)) if self._any_stateful else -1
+        out = np.zeros(self._stateful.shape, dtype=bool)
+        if d >= 0:
+            out[d] = True
+        return out
+
+    def _draft_prefill_ms(self, prior: float, tokens: int, mask: np.ndarray, seqs: int = 1) -> float:
+        """The prefill pass of each draft in ``mask`` over ``tokens`` prompt tokens of ``seqs`` sequences."""
+        if not mask.any() or tokens <= 0:
             return 0.0
         t = 0.0
         for i, d in enumerate(self.cost.drafters):
-            if d.has_passes:
+            if mask[i]:
                 ctx = d.draft_ctx(np.array([prior]))[0] if d.kind.value == "self_spec" else prior
                 model = self._prefill_costs[i] if self._prefill_costs and self._prefill_costs[i] else d.model
                 t += self._noisy(model.predict(ctx, tokens, 1, seqs), self._sigma_d[i])
         return t
 
-    def _finish_prefill(self, chosen, clen, prefill_draft, s_pref, s_gen, s_ctx, s_lag, decoding, first, now) -> None:
+    def _finish_prefill(self, chosen, clen, pmask, s_pref, s_gen, s_ctx, s_lag, decoding, first, now) -> None:
         s_pref[chosen] += clen
         s_gen[chosen] = 1
         s_ctx[chosen] = s_pref[chosen] + 1
-        if not prefill_draft and len(self.drafters):
+        if len(self.drafters):
             # a draft that never saw the prompt lags by the whole context (StepView.draft_lag)
-            s_lag[chosen, : len(self.drafters)] = (s_ctx[chosen][:, None] * self._stateful_i[None, :])
+            s_lag[chosen, : len(self.drafters)] = s_ctx[chosen][:, None] * (self._stateful & ~pmask)[None, :]
         decoding[chosen] = True
         first[self._slot_rid_of(chosen)] = now
 

@@ -1,0 +1,142 @@
+"""Issue 21 item 6: a time-varying trace on which the best static configuration changes over time.
+
+The Azure conversation hour (its requests, lengths and burstiness) with its arrival rate swung
+between levels below and above the rate where speculation stops paying, one level per segment
+(``control/bench/swing.py``), on a profile whose speculation does stop paying under load (the A100
+LLaMA-7B + LLaMA-160M roofline with vLLM's framework terms, the SmartSpec Fig. 1 pair of
+``docs/validation.md``). Every static configuration runs on the same arrivals: no speculation,
+fixed k, the ``draft_len_schedule`` the plan compiles once, and max_concurrency switch-offs (k up to
+N requests, off above: ``static-schedule:N=K``); then the adaptive policies. Printed: mean latency
+per segment and over the whole trace, the best static configuration in hindsight for each, and
+adaptive's ratio to it.
+
+    SPECCTL_WORKLOADS=... python benchmarks/adaptive_swing.py [--levels 0.35,0.95] [--segment-s 300]
+        [--requests 3000] [--capacity C] [--workers 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+STATIC = ("none", "fixed:1", "fixed:2", "fixed:3", "static-schedule", "static-schedule:4=2", "static-schedule:8=1",
+          "static-schedule:8=2", "static-schedule:16=1", "static-schedule:32=1")
+POLICIES = ("adaptive", "smartspec")
+BAR = 0.90
+
+
+def _run(args):
+    setup, workload, spec, rates = args
+    from control.bench.simrun import run_policy
+
+    t = time.perf_counter()
+    return spec, run_policy(setup, workload, spec, 0, rates=rates), time.perf_counter() - t
+
+
+def run_all(jobs: list, workers: int) -> dict:
+    """Every configuration on the same arrivals (in ``workers`` processes); progress on stderr."""
+    runs = {}
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            done = list(ex.map(_run, jobs))
+    else:
+        done = map(_run, jobs)
+    for spec, res, wall in done:
+        runs[spec] = res
+        print(f"  {spec}: mean latency {np.mean(res.finish_s - res.arrival_s):.2f} s ({wall:.0f} s)",
+              file=sys.stderr, flush=True)
+    return runs
+
+
+def build_setup(profile_path: str | None, workload: str, max_k: int):
+    from control.bench.simrun import SimSetup
+    from control.bench.workloads import load_workload
+    from control.buildsys.roofline import roofline_profile, scaled_framework
+    from control.profile import load_profile
+
+    if profile_path:
+        prof = load_profile(profile_path)
+    else:
+        prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=scaled_framework("vllm", 1.0, None))
+    return SimSetup(prof, load_workload(workload), max_k=max_k, max_batch=256)
+
+
+def markdown(rows: list[dict], policy: str) -> str:
+    lines = [f"| segment | rate req/s | requests | {policy} s | best static | best static s | {policy} / best static |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['segment']} | {r['rate_req_s']:.2f} | {r['requests']} | {r['policy']:.2f} | "
+                     f"{r['best_static']} | {r['best_static_s']:.2f} | {r['ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", help="profile YAML (default: A100 LLaMA-7B + LLaMA-160M roofline, vLLM framework)")
+    ap.add_argument("--workload", default="azure-conv", help="trace to swing (default azure-conv)")
+    ap.add_argument("--levels", default="0.35,0.95", help="rate levels as fractions of the no-speculation capacity, "
+                                                          "one per segment in turn (default 0.35,0.95)")
+    ap.add_argument("--segment-s", type=float, default=300.0, help="segment length in seconds (default 300)")
+    ap.add_argument("--requests", type=int, default=3000, help="the trace's first N requests (default 3000)")
+    ap.add_argument("--capacity", type=float, help="no-speculation capacity in req/s (default: measure it)")
+    ap.add_argument("--acceptance-levels", help="drafters' mean acceptance per segment in turn, e.g. 0.9,0.4 "
+                                                "(default: the workload's acceptance table, constant)")
+    ap.add_argument("--concentration", type=float, default=8.0,
+                    help="Beta concentration of per-request rates around a segment's mean (default 8)")
+    ap.add_argument("--static", default=",".join(STATIC), help="static configurations (comma-separated)")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="adaptive policies (comma-separated)")
+    ap.add_argument("--max-k", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--json", help="also write the tables here")
+    args = ap.parse_args(argv)
+
+    from control.bench.simrun import measure_capacity
+    from control.bench.swing import drifting_rates, segment_table, swing_rate
+    from control.errors import SpecctlError
+
+    try:
+        setup = build_setup(args.profile, args.workload, args.max_k)
+        capacity = args.capacity or measure_capacity(setup)
+        levels = [float(x) for x in args.levels.split(",")]
+        swing = swing_rate(setup.workload, [x * capacity for x in levels], args.segment_s, args.requests)
+        rates = None
+        if args.acceptance_levels:
+            acc = [float(x) for x in args.acceptance_levels.split(",")]
+            rates = drifting_rates(setup.rates(swing.workload, 0).rates, swing, acc, args.concentration)
+    except (SpecctlError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    static = [s for s in args.static.split(",") if s]
+    policies = [p for p in args.policies.split(",") if p]
+    print(f"profile {setup.profile.sku}/{setup.profile.pair}; {swing.workload.describe()}; capacity {capacity:.3f} req/s; "
+          f"levels {', '.join(f'{x:g} ({x * capacity:.2f} req/s)' for x in levels)}, {args.segment_s:g} s segments, "
+          f"{swing.segments} segments; acceptance {args.acceptance_levels or 'from the table'}", flush=True)
+    runs = run_all([(setup, swing.workload, s, rates) for s in static + policies], args.workers)
+    print("| configuration | mean latency s |\n|---|---|")
+    for spec in static + policies:
+        print(f"| {spec} | {np.mean(runs[spec].finish_s - runs[spec].arrival_s):.3f} |")
+    out = {"capacity_req_s": capacity, "levels": levels, "segment_s": args.segment_s, "requests": swing.workload.n,
+           "acceptance_levels": args.acceptance_levels}
+    for p in policies:
+        rows = segment_table(runs, swing, p, static)
+        out[p] = rows
+        print()
+        print(markdown(rows, p))
+        print(f"bar ({p} / best single static over the whole trace <= {BAR:.2f}): "
+              f"{'met' if rows[-1]['ratio'] <= BAR else 'not met'} ({rows[-1]['ratio']:.3f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

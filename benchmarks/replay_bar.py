@@ -1,0 +1,107 @@
+"""Issue 21's replay bar: adaptive against the best fixed configuration on exact replays of the CPU pair.
+
+For each batch size, every fixed configuration (no speculation, and fixed k = 1..max_k with each
+recorded drafter) and ``adaptive`` run on the same record (``specctl record-acceptance``) with a
+measured profile's step times; the best fixed configuration is chosen in hindsight per batch size.
+Tokens per modelled second = generated tokens / the simulator's busy time. The replay is exact and
+deterministic: a second run prints the same table.
+
+    python benchmarks/replay_bar.py --record control/bench/data/replay-stdlib-quick.npz \
+        --profile profiles/cpu/stdlib-quick.yaml [--batches 1,4,16,32] [--policies adaptive,adaptive@ngram]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RECORD = ROOT / "control" / "bench" / "data" / "replay-stdlib-quick.npz"
+DEFAULT_PROFILE = ROOT / "profiles" / "cpu" / "stdlib-quick.yaml"
+BAR = 1.00
+
+
+def bar_rows(record, profile, batches: list[int], policies: list[str], progress=None) -> list[dict]:
+    from control.bench.replay import fixed_configs, replay_run, tokens_per_s
+
+    rows = []
+    for b in batches:
+        t0 = time.perf_counter()
+        fixed = {}
+        for spec in fixed_configs(record):
+            fixed[spec] = tokens_per_s(replay_run(record, profile, spec, b))
+        best = max(fixed, key=fixed.get)
+        row = {"batch": b, "none": fixed["none"], "best_fixed": best, "best_fixed_tok_s": fixed[best], "fixed": fixed}
+        for pol in policies:
+            res = replay_run(record, profile, pol, b)
+            tok = tokens_per_s(res)
+            mean_k = float((res.k_hist * range(res.k_hist.size)).sum() / max(res.k_hist.sum(), 1))
+            row[pol] = {"tok_s": tok, "vs_best": tok / fixed[best], "mean_k": mean_k}
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+        if progress:
+            progress(f"batch {b}: {len(fixed) + len(policies)} configurations in {row['wall_s']:.1f} s")
+    return rows
+
+
+def markdown(rows: list[dict], policies: list[str]) -> str:
+    head = ["batch", "none tok/s", "best fixed", "best fixed tok/s"]
+    for p in policies:
+        head += [f"{p} tok/s", f"{p} / best fixed", f"{p} mean k"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["batch"]), f"{r['none']:.0f}", r["best_fixed"], f"{r['best_fixed_tok_s']:.0f}"]
+        for p in policies:
+            cells += [f"{r[p]['tok_s']:.0f}", f"{r[p]['vs_best']:.3f}", f"{r[p]['mean_k']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--record", default=str(DEFAULT_RECORD), help="replay record (.npz) from specctl record-acceptance")
+    ap.add_argument("--profile", default=str(DEFAULT_PROFILE), help="measured profile of the same pair")
+    ap.add_argument("--batches", default="1,4,16,32", help="batch sizes (default 1,4,16,32)")
+    ap.add_argument("--policies", default="adaptive", help="policies compared to the best fixed (default adaptive; "
+                                                            "POLICY@D1+D2 restricts its drafters)")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args(argv)
+
+    from control.bench.replay import ReplayRecord
+    from control.errors import SpecctlError
+    from control.profile import load_profile
+
+    try:
+        batches = [int(x) for x in args.batches.split(",")]
+        if any(b < 1 for b in batches):
+            raise ValueError
+    except ValueError:
+        print(f"--batches {args.batches!r}: write positive integers, e.g. 1,4,16,32", file=sys.stderr)
+        return 2
+    policies = [p for p in args.policies.split(",") if p]
+    try:
+        record = ReplayRecord.load(args.record)
+        profile = load_profile(args.profile)
+        rows = bar_rows(record, profile, batches, policies, progress=lambda m: print(m, file=sys.stderr))
+    except SpecctlError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"record: {record.engine}, prompt set {record.prompt_set}, {record.n} requests x "
+          f"{int(record.output_tokens.max())} tokens, drafters {', '.join(record.drafters)}, max_k {record.max_k}; "
+          f"profile {profile.sku}/{profile.pair}")
+    print(markdown(rows, policies))
+    for p in policies:
+        ok = all(r[p]["vs_best"] >= BAR for r in rows)
+        print(f"bar ({p} / best fixed >= {BAR:.2f} at every batch): {'met' if ok else 'not met'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""Exact replay of the CPU pair's acceptance (control/bench/replay.py, ReplayAcceptance).
+
+The exactness check: for every drafter at fixed k, the real reference engine (batch-invariant
+drafts) and the simulator replaying the record accept the same number of draft tokens at every
+step of every request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from control.bench.replay import (
+    ReplayRecord,
+    fixed_configs,
+    prompt_set_name,
+    record_acceptance,
+    replay_run,
+    stdlib_prompts,
+    tokens_per_s,
+)
+from control.errors import ConfigError
+
+N_PROMPTS, PROMPT_LEN, MAX_TOKENS, MAX_K = 6, 32, 20, 4
+ENGINE_BATCH = 3
+
+
+class StepLog:
+    """Wraps a policy; keeps (request id, drafted, accepted) per request-step in step order."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.steps: dict[int, list[tuple[int, int]]] = {}
+
+    def decide(self, view):
+        return self.inner.decide(view)
+
+    def observe(self, outcome) -> None:
+        for r, v, a in zip(outcome.request_ids, outcome.verified, outcome.accepted, strict=True):
+            self.steps.setdefault(int(r), []).append((int(v), int(a)))
+        self.inner.observe(outcome)
+
+
+@pytest.fixture(scope="module")
+def loaded(quick_engines):
+    import torch
+
+    from control.executors.reference.loader import load_engine_dir
+
+    torch.set_num_threads(1)
+    eng = load_engine_dir(quick_engines)
+    for m in eng.drafters.values():
+        if hasattr(m, "config"):
+            m.batch_invariant = True  # what the record assumes (see control/bench/replay.py)
+    return eng
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded):
+    return stdlib_prompts(loaded.encode, N_PROMPTS, PROMPT_LEN, seed=3)
+
+
+@pytest.fixture(scope="module")
+def record(loaded, prompts):
+    return record_acceptance(loaded, prompts, MAX_TOKENS, MAX_K, prompt_set_name(N_PROMPTS, PROMPT_LEN, 3))
+
+
+@pytest.fixture(scope="module")
+def profile(quick_engines):
+    from control.executors.reference.calibrate import quick_profile
+    from control.executors.reference.loader import load_engine_dir
+
+    return quick_profile(load_engine_dir(quick_engines))
+
+
+def _engine_log(loaded, prompts, profile, drafter: str, k: int) -> tuple[StepLog, list[list[int]]]:
+    from control.executors.base import SamplingParams
+    from control.executors.reference.engine import EngineConfig, ReferenceEngine
+    from control.plan import compile_plan
+    from control.policy import build_policy
+
+    plan = compile_plan(profile, policy=f"fixed:{k}", max_k=MAX_K, drafters=[drafter], default_drafter=drafter)
+    log = StepLog(build_policy(f"fixed:{k}", plan))
+    cfg = EngineConfig(max_batch=ENGINE_BATCH, max_k=MAX_K, batch_invariant=True,
+                       max_len=PROMPT_LEN + MAX_TOKENS + MAX_K + 1)
+    eng = ReferenceEngine(loaded.target, loaded.drafters, log, cfg)
+    res = eng.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    return log, [r.token_ids for r in res]
+
+
+def _replay_log(record, profile, drafter: str, k: int) -> StepLog:
+    """The simulator on the record, with the same fixed policy wrapped in a StepLog."""
+    seen = {}
+
+    def wrap(policy):
+        seen["log"] = StepLog(policy)
+        return seen["log"]
+
+    replay_run(record, profile, f"fixed:{k}@{drafter}", ENGINE_BATCH, wrap=wrap)
+    return seen["log"]
+
+
+def test_record_matches_greedy_decoding(loaded, prompts, record):
+    from control.bench.replay import greedy_continuations
+
+    conts = greedy_continuations(loaded, prompts, MAX_TOKENS)
+    assert record.lead.shape == (N_PROMPTS, MAX_TOKENS, len(loaded.drafters))
+    assert (record.lead <= record.avail).all() and (record.avail <= MAX_K).all()
+    models = [i for i, k in enumerate(record.kinds) if k == "draft_model"]
+    assert (record.avail[:, :, models] == MAX_K).all()  # a draft model always proposes max_k tokens
+    assert np.isfinite(record.conf[:, :, models]).all() and np.isnan(record.conf[:, :, record.kinds.index("ngram")]).all()
+    # no draft can match past the end of the continuation
+    pos = np.arange(MAX_TOKENS)
+    assert (record.lead.max(axis=(0, 2)) <= MAX_TOKENS - pos).all()
+    assert all(len(c) == MAX_TOKENS for c in conts)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_replay_accepts_what_the_reference_engine_accepts(loaded, prompts, record, profile, k):
+    """Token for token: each request's sequence of (drafted, accepted) per step is the same in the
+    real engine and in the replay, for every drafter; and speculation changes no output token."""
+    from control.bench.replay import greedy_continuations
+
+    plain = [list(c) for c in greedy_continuations(loaded, prompts, MAX_TOKENS)]
+    for drafter in record.drafters:
+        real, tokens = _engine_log(loaded, prompts, profile, drafter, k)
+        assert tokens == plain, f"fixed:{k}@{drafter} changed the greedy output"
+        sim = _replay_log(record, profile, drafter, k)
+        real_seq = [real.steps[rid] for rid in sorted(real.steps)]  # engine ids are 1..N in prompt order
+        sim_seq = [sim.steps[rid] for rid in sorted(sim.steps)]  # replay ids are 0..N-1
+        assert real_seq == sim_seq, f"fixed:{k}@{drafter}: replay differs from the engine"
+        assert sum(a for s in real_seq for _, a in s) > 0, f"fixed:{k}@{drafter} never accepted a token"
+
+
+def test_replay_repeats_exactly(record, profile):
+    for spec in ("adaptive", "fixed:2@ngram"):
+        a = replay_run(record, profile, spec, 4)
+        b = replay_run(record, profile, spec, 4)
+        assert a.busy_s == b.busy_s and a.accepted == b.accepted and a.steps == b.steps
+        assert np.array_equal(a.finish_s, b.finish_s)
+        assert tokens_per_s(a) > 0
+
+
+def test_record_round_trips_through_npz(record, tmp_path):
+    p = record.save(tmp_path / "r.npz")
+    back = ReplayRecord.load(p)
+    assert back.drafters == record.drafters and back.kinds == record.kinds and back.max_k == MAX_K
+    assert back.prompt_set == record.prompt_set
+    for name in ("lead", "avail", "prompt_tokens", "output_tokens"):
+        assert np.array_equal(getattr(back, name), getattr(record, name))
+    assert np.array_equal(back.conf, record.conf, equal_nan=True)
+
+
+def test_bad_inputs_name_the_value(record, profile, tmp_path):
+    with pytest.raises(ConfigError, match="not recorded"):
+        replay_run(record, profile, "fixed:2@nope", 4)
+    with pytest.raises(ConfigError, match="batch 0"):
+        replay_run(record, profile, "none", 0)
+    with pytest.raises(ConfigError, match="does not exist"):
+        ReplayRecord.load(tmp_path / "missing.npz")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="not a replay record"):
+        ReplayRecord.load(tmp_path / "bad.npz")
+    assert "none" in fixed_configs(record) and f"fixed:{MAX_K}@ngram" in fixed_configs(record)
+
+
+def test_replay_bar_script_prints_the_same_table_twice(tmp_path):
+    """benchmarks/replay_bar.py on the stored record of the quick pair: the table names the best fixed
+    configuration and adaptive's ratio, and a second run prints exactly the same."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run() -> str:
+        p = subprocess.run([sys.executable, str(root / "benchmarks" / "replay_bar.py"), "--batches", "32",
+                            "--json", str(tmp_path / "rows.json")], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    first = run()
+    assert first == run()
+    row = next(line for line in first.splitlines() if line.startswith("| 32 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2].startswith("fixed:") and 0.5 < float(cells[5]) < 1.5
+    assert "bar (adaptive / best fixed >= 1.00 at every batch)" in first

@@ -1,0 +1,91 @@
+"""Time-varying traces (control/bench/swing.py): the rate and acceptance swing per segment, and the
+per-segment table picks the best static configuration in hindsight in each segment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from control.bench.swing import drifting_rates, segment_latency, segment_table, swing_rate
+from control.bench.workloads import poisson
+from control.errors import ConfigError
+from control.executors.sim import SimResult
+
+
+def test_each_segment_runs_at_its_level_and_keeps_the_trace():
+    base = poisson(4000, 2.0, "lognormal:200:100", "64", seed=1)
+    sw = swing_rate(base, [1.0, 4.0], 200.0)
+    w = sw.workload
+    assert np.array_equal(w.prompt_tokens, base.prompt_tokens) and np.array_equal(w.output_tokens, base.output_tokens)
+    assert (np.diff(w.arrival_s) >= 0).all() and (np.diff(sw.segment) >= 0).all()
+    counts = np.bincount(sw.segment)
+    for s in range(sw.segments - 1):  # the last segment is cut short by the end of the trace
+        assert counts[s] / 200.0 == pytest.approx(sw.level(s), rel=0.15)
+    assert sw.level(0) == 1.0 and sw.level(1) == 4.0 and sw.level(2) == 1.0
+
+
+def test_acceptance_drifts_with_the_segment():
+    base = poisson(3000, 2.0, "128", "64", seed=2)
+    sw = swing_rate(base, [2.0], 150.0)
+    rates = drifting_rates(np.zeros((base.n, 2)), sw, [0.9, 0.3], concentration=8.0)
+    assert rates.shape == (base.n, 2) and (rates[:, 0] == rates[:, 1]).all()
+    even = sw.segment % 2 == 0
+    assert rates[even, 0].mean() == pytest.approx(0.9, abs=0.03)
+    assert rates[~even, 0].mean() == pytest.approx(0.3, abs=0.03)
+
+
+def _result(arrival, latency):
+    arrival = np.asarray(arrival, dtype=np.float64)
+    fin = arrival + np.asarray(latency, dtype=np.float64)
+    n = arrival.size
+    return SimResult(arrival, arrival, fin, np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64))
+
+
+def test_segment_table_takes_the_best_static_per_segment_and_over_the_trace():
+    base = poisson(400, 2.0, "128", "64", seed=3)
+    sw = swing_rate(base, [1.0, 3.0], 50.0)
+    seg = sw.segment
+    t = sw.workload.arrival_s
+    runs = {"none": _result(t, np.where(seg % 2 == 0, 2.0, 1.0)),  # best at high load
+            "fixed:3": _result(t, np.where(seg % 2 == 0, 1.0, 3.0)),  # best at low load
+            "adaptive": _result(t, np.where(seg % 2 == 0, 1.0, 1.0))}
+    rows = segment_table(runs, sw, "adaptive", ["none", "fixed:3"])
+    per = {r["segment"]: r for r in rows}
+    assert per[0]["best_static"] == "fixed:3" and per[1]["best_static"] == "none"
+    assert all(r["ratio"] == pytest.approx(1.0) for r in rows if r["segment"] != "all")
+    whole = per["all"]
+    assert whole["ratio"] < 1.0 and whole["best_static"] in ("none", "fixed:3")
+    assert segment_latency(runs["none"], sw)[0] == pytest.approx(2.0)
+
+
+def test_bad_inputs_name_the_value():
+    base = poisson(50, 2.0, "128", "64", seed=4)
+    with pytest.raises(ConfigError, match="swing rates"):
+        swing_rate(base, [1.0, -2.0], 10.0)
+    with pytest.raises(ConfigError, match="segment length"):
+        swing_rate(base, [1.0], 0.0)
+    sw = swing_rate(base, [1.0], 10.0)
+    with pytest.raises(ConfigError, match="acceptance means"):
+        drifting_rates(np.zeros((base.n, 1)), sw, [1.2], 8.0)
+
+
+def test_adaptive_swing_script_prints_per_segment_rows(tmp_path):
+    """benchmarks/adaptive_swing.py runs as documented on a small Poisson trace and writes its rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "adaptive_swing.py"), "--workload",
+                        "poisson:in=128,out=32", "--capacity", "4.0", "--levels", "0.3,0.9", "--segment-s", "20",
+                        "--requests", "120", "--acceptance-levels", "0.9,0.3", "--static", "none,fixed:2",
+                        "--policies", "adaptive", "--json", str(tmp_path / "swing.json")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads((tmp_path / "swing.json").read_text())["adaptive"]
+    assert rows[-1]["segment"] == "all" and rows[-1]["requests"] == 120
+    assert {r["best_static"] for r in rows} <= {"none", "fixed:2"}
+    assert "adaptive / best static" in p.stdout and "bar (adaptive" in p.stdout
