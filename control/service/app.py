@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import math
 from typing import Any
@@ -40,7 +41,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control import __version__
@@ -284,8 +285,6 @@ def json_safe(value: Any) -> Any:
 
 
 async def _send_json(send, status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> None:
-    import json
-
     data = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -428,10 +427,20 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.post("/v1/telemetry", response_model=TelemetryAck, status_code=202, tags=["telemetry"], responses=ERRORS)
-    async def post_telemetry(batch: TelemetryBatch, _=Depends(bearer)) -> TelemetryAck:
+    telemetry_body = {"required": True, "content": {"application/json": {"schema": TelemetryBatch.model_json_schema()}}}
+
+    @app.post("/v1/telemetry", response_model=TelemetryAck, status_code=202, tags=["telemetry"], responses=ERRORS,
+              openapi_extra={"requestBody": telemetry_body})
+    async def post_telemetry(request: Request, _=Depends(bearer)) -> Response:
+        # The hot path of many agents: pydantic parses and validates the raw bytes in one pass (no
+        # dict in between), and the ack is written without a response model.
+        try:
+            batch = TelemetryBatch.model_validate_json(await request.body())
+        except ValidationError as e:
+            raise RequestValidationError(e.errors(include_url=False)) from None
         st = fleet.ingest(batch)
-        return TelemetryAck(accepted=True, plan_version=st.version, plan_id=st.plan_id)
+        ack = f'{{"accepted":true,"plan_version":{st.version},"plan_id":{json.dumps(st.plan_id)}}}'
+        return Response(content=ack, status_code=202, media_type="application/json")
 
     @app.get("/v1/overrides", response_model=Overrides, tags=["overrides"])
     async def get_overrides(group: str | None = group_q) -> Overrides:
