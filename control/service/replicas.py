@@ -6,7 +6,7 @@ instance. The table keeps, per replica: when it joined and was last heard from (
 an open plan stream), the plan each of its agents runs, and its own acceptance, step time, batch and
 k, decayed with a half-life so they follow the replica's current load.
 
-A replica that has not posted telemetry for ``stale_after_s`` and has no open plan stream is stale:
+A replica with no open plan stream that has not been heard from for ``stale_after_s`` is stale:
 it is listed as such and left out of the group's aggregates (``aggregate``); after ``forget_after_s``
 without a word it has left and is dropped from the table. Its windows already folded into the
 group's acceptance and cost refit decay away there like any other data.
@@ -143,12 +143,10 @@ class ReplicaTable:
             r.last_seen = now
 
     def is_stale(self, r: Replica, now: float) -> bool:
-        """No telemetry for ``stale_after_s`` (or never) and no plan stream open; a replica that only
-        subscribed (idle, no window yet) is fresh while its stream is open."""
-        if r.streams > 0 and (r.last_window is None or now - r.last_window <= self.stale_after_s):
-            return False
-        heard = r.last_window if r.last_window is not None else r.last_seen
-        return now - heard > self.stale_after_s
+        """Stale: no plan stream open and nothing heard for ``stale_after_s``. An idle replica posts no
+        windows but keeps its stream open, so it stays fresh; a dead one's stream closes with its
+        connection (or at the next keepalive the service cannot deliver)."""
+        return r.streams == 0 and now - r.last_seen > self.stale_after_s
 
     def forget(self, now: float, *, force_oldest: bool = False) -> None:
         """Drop replicas silent for ``forget_after_s`` (they left); ``force_oldest``: also the longest silent."""
