@@ -162,7 +162,7 @@ class PlanHub:
             self._cache = (pid, f"id: {pid}\nevent: plan\ndata: {self.message_json()}\n\n".encode())
         return self._cache
 
-    async def stream(self, last_event_id: str | None, keepalive_s: float, on_close=None):
+    async def stream(self, last_event_id: str | None, keepalive_s: float, on_close=None, on_send=None):
         self.subscribers += 1
         try:
             sent = last_event_id
@@ -173,6 +173,8 @@ class PlanHub:
                 if pid != sent:
                     yield msg
                     sent = pid
+                    if on_send is not None:
+                        on_send(self.state.version)
                 try:
                     await asyncio.wait_for(ev.wait(), timeout=keepalive_s)
                 except TimeoutError:
@@ -419,11 +421,13 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
                           replica: str | None = Query(default=None, pattern=SOURCE_PATTERN,
                                                       description="the subscriber's replica id")):
         name = fleet.name_of(group)
-        on_close = None
+        on_close = on_send = None
         if replica is not None:
-            fleet.replicas.stream_opened(replica, name, fleet.clock())
-            on_close = lambda: fleet.replicas.stream_closed(replica, fleet.clock())  # noqa: E731
-        return StreamingResponse(hubs.by_group[name].stream(last_event_id, cfg.keepalive_s, on_close),
+            table = fleet.replicas
+            table.stream_opened(replica, name, fleet.clock())
+            on_close = lambda: table.stream_closed(replica, fleet.clock())  # noqa: E731
+            on_send = lambda version: table.delivered(replica, version)  # noqa: E731
+        return StreamingResponse(hubs.by_group[name].stream(last_event_id, cfg.keepalive_s, on_close, on_send),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

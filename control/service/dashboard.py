@@ -158,18 +158,18 @@ def replica_table(fleet: Fleet | None, group: str, now: float) -> str:
     """One row per replica of the group: its plan, own acceptance and step time, freshness."""
     if fleet is None:
         return ""
-    cols = ("replica", "stale", "plan_version", "acceptance", "step_ms", "mean_batch", "mean_k", "slo_attainment",
+    cols = ("replica", "stale", "plan_delivered", "plan_version", "acceptance", "step_ms", "mean_batch", "mean_k", "slo_attainment",
             "windows", "last_seen_s_ago")
     rows = [fleet.replicas.describe(r, now) for r in fleet.replicas.in_group(group)]
     agg = fleet.replicas.aggregate(group, now)
     head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{_cell(r[c])}</td>" for c in cols) + "</tr>" for r in rows)
-    pooled = "".join(f"<td>{_cell(agg.get(c, ''))}</td>" for c in cols[3:8])
+    pooled = "".join(f"<td>{_cell(agg.get(c, ''))}</td>" for c in cols[4:9])
     groups = " ".join(f'<a href="/?group={html.escape(g)}">{html.escape(g)}</a>' for g in fleet.groups)
     return (f'<h2>replicas of {html.escape(group)}: {agg["fresh"]} fresh, {agg["stale"]} stale</h2>'
             f'<p class="ax">groups: {groups}</p>'
             f'<table class="replicas"><tr>{head}</tr>{body}'
-            f'<tr><th>fresh replicas pooled</th><td></td><td></td>{pooled}<td></td><td></td></tr></table>')
+            f'<tr><th>fresh replicas pooled</th><td></td><td></td><td></td>{pooled}<td></td><td></td></tr></table>')
 
 
 def render(state: ControlState, explained: dict, *, refresh_s: int = 5, window_s: float = 600.0,

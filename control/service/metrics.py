@@ -185,6 +185,8 @@ class FleetCollector(Collector):
             "slo_attainment": _gauge("specctl_replica_slo_attainment", "Replica's share of sampled steps within the "
                                      "plan's TPOT SLO (recent; absent without an SLO)", labels),
         }
+        delivered = _gauge("specctl_replica_plan_delivered", "Last plan version pushed down the replica's plan stream",
+                           labels)
         stale = _gauge("specctl_replica_stale", "1 when the replica stopped reporting (left out of aggregates)", labels)
         seen = _gauge("specctl_replica_last_seen_seconds", "Seconds since the replica was last heard from", labels)
         count = _gauge("specctl_replicas", "Replicas per group and freshness", ["state"])
@@ -200,9 +202,10 @@ class FleetCollector(Collector):
                     if not (isinstance(v, float) and math.isnan(v)):
                         fam.add_metric([g, r.replica], v)
                 stale.add_metric([g, r.replica], int(d["stale"]))
+                delivered.add_metric([g, r.replica], r.plan_delivered)
                 seen.add_metric([g, r.replica], now - r.last_seen)
                 steps.add_metric([g, r.replica], r.steps)
-        yield from (*fams.values(), stale, seen, count, steps)
+        yield from (*fams.values(), delivered, stale, seen, count, steps)
 
 
 def make_registry(fleet: Fleet, hubs: Subscribers) -> CollectorRegistry:

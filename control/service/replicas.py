@@ -3,7 +3,8 @@
 A replica is one Triton server (``replica`` in telemetry and on the plan stream; an agent that names
 none is its own replica); it belongs to one group (``<sku>/<pair>``) and runs one agent per model
 instance. The table keeps, per replica: when it joined and was last heard from (a telemetry window or
-an open plan stream), the plan each of its agents runs, and its own acceptance, step time, batch and
+an open plan stream), the last plan version pushed down its plan stream, the plan each of its agents
+reports running (an idle agent reports nothing, so this one can lag behind), and its own acceptance, step time, batch and
 k, decayed with a half-life so they follow the replica's current load.
 
 A replica with no open plan stream that has not been heard from for ``stale_after_s`` is stale:
@@ -70,6 +71,7 @@ class Replica:
     last_seen: float
     last_window: float | None = None
     streams: int = 0  # open plan-stream subscriptions
+    plan_delivered: int = 0  # the last plan version written to its plan stream
     windows: int = 0
     steps: int = 0
     finished: int = 0
@@ -136,6 +138,11 @@ class ReplicaTable:
         r.streams += 1
         r.last_seen = now
 
+    def delivered(self, replica: str, version: int) -> None:
+        r = self.replicas.get(replica)
+        if r is not None:
+            r.plan_delivered = max(r.plan_delivered, version)
+
     def stream_closed(self, replica: str, now: float) -> None:
         r = self.replicas.get(replica)
         if r is not None:
@@ -176,7 +183,7 @@ class ReplicaTable:
     def describe(self, r: Replica, now: float) -> dict[str, Any]:
         r.recent.decay_to(now, self.halflife_s)
         return {"replica": r.replica, "group": r.group, "stale": self.is_stale(r, now),
-                "plan_version": r.plan_version, "agents": {s: v for s, (v, _) in sorted(r.agents.items())},
+                "plan_version": r.plan_version, "plan_delivered": r.plan_delivered, "agents": {s: v for s, (v, _) in sorted(r.agents.items())},
                 "joined_s_ago": round(now - r.joined, 3), "last_seen_s_ago": round(now - r.last_seen, 3),
                 "streams": r.streams, "windows": r.windows, "steps": r.steps, "finished": r.finished,
                 **r.recent.view()}

@@ -146,10 +146,14 @@ def test_three_replicas_one_plan_an_override_everywhere_and_a_killed_replica_ret
         return {r["replica"]: r for grp in g.values() for r in grp["replicas"]}
 
     _wait(lambda: rows().get(victim_name, {}).get("stale") is True, 10 + STALE_AFTER_S, "the killed replica to go stale")
-    got = rows()
-    assert {n for n, _ in replicas} <= set(got)
-    for n, _ in replicas[:2]:
-        assert not got[n]["stale"] and got[n]["plan_version"] == want and got[n]["windows"] > 0, got[n]
+    def survivors_current() -> bool:  # refits after the load may publish newer versions: follow them
+        got, now = rows(), c.get("/v1/plan").json()["version"]
+        return all(not got[n]["stale"] and got[n]["plan_delivered"] == now and got[n]["windows"] > 0
+                   and got[n]["plan_version"] >= want and _plans([(n, s)])[n]["version"] == now
+                   for n, s in replicas[:2])
+
+    _wait(survivors_current, 10, "the live replicas reporting on the current plan")
+    assert {n for n, _ in replicas} <= set(rows())
     metrics = c.get("/metrics").text
     for name, _ in replicas:
         assert f'replica="{name}"' in metrics
