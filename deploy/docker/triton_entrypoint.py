@@ -12,7 +12,7 @@ Either way the ``llm`` model's agent finds the control plane at ``SPECCTL_CONTRO
 in ``SPECCTL_TOKEN_FILE`` (a mounted Secret; the config names the file, never the token) and names
 its replica ``SPECCTL_REPLICA`` (the pod's name). Triton's HTTP listens on the pod's loopback
 (``SPECCTL_TRITON_HTTP_PORT``, default 8080: probes and the front end beside it), gRPC and metrics on
-every address (8001, 8002).
+every address (``SPECCTL_TRITON_GRPC_PORT`` 8001, ``SPECCTL_TRITON_METRICS_PORT`` 8002).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def main() -> None:
     root = str(Path(__file__).resolve().parents[2])
     cmd = [str(install.binary), f"--model-repository={repo}", f"--backend-directory={backends}",
            "--http-address=127.0.0.1", f"--http-port={os.environ.get('SPECCTL_TRITON_HTTP_PORT', '8080')}",
-           "--grpc-address=0.0.0.0", "--grpc-port=8001", "--metrics-address=0.0.0.0", "--metrics-port=8002",
+           "--grpc-address=0.0.0.0", f"--grpc-port={os.environ.get('SPECCTL_TRITON_GRPC_PORT', '8001')}",
+           "--metrics-address=0.0.0.0", f"--metrics-port={os.environ.get('SPECCTL_TRITON_METRICS_PORT', '8002')}",
            "--exit-on-error=true", "--exit-timeout-secs=10", "--log-verbose=0", *sys.argv[1:]]
     print("triton_entrypoint: " + " ".join(cmd), flush=True)
     os.execve(cmd[0], cmd, server_env(install, [root]))
