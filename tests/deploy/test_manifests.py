@@ -49,7 +49,8 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(rendered
     overlay, objs = rendered
     kinds = {k for k, _ in objs}
     assert {"Deployment", "Service", "PersistentVolumeClaim", "HorizontalPodAutoscaler", "ServiceMonitor",
-            "ConfigMap", "Secret"} <= kinds
+            "ConfigMap"} <= kinds
+    assert "Secret" not in kinds  # the token is created by the operator, never shipped in the manifests
     for (kind, name), doc in objs.items():
         if kind in CRD_KINDS:
             continue
@@ -78,7 +79,10 @@ def test_triton_probes_gpus_token_and_replica_id(rendered):
     pod = objs[("Deployment", "specctl-triton")]["spec"]["template"]["spec"]
     secret = next(v for v in pod["volumes"] if v["name"] == "token")["secret"]
     assert env["SPECCTL_TOKEN_FILE"]["value"] == f"{mount['mountPath']}/{secret['items'][0]['path']}"
-    assert ("Secret", secret["secretName"]) in objs
+    cp = _container(objs, "specctl-control-plane", "control-plane")
+    cp_env = {e["name"]: e for e in cp["env"]}
+    assert cp_env["SPECCTL_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": secret["secretName"], "key": "token"}
+    assert f"create secret generic {secret['secretName']}" in (ROOT / "docs" / "deploy-k8s.md").read_text()
     gpus = triton["resources"].get("limits", {}).get("nvidia.com/gpu")
     if overlay == "cpu":
         assert gpus is None and "SPECCTL_ENGINE_DIR" in env
