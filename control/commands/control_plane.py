@@ -127,5 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host):
         print(f"specctl control-plane: warning: listening on {args.host}, beyond this machine; traffic is plain HTTP "
               "and writes are protected by the token alone", file=sys.stderr, flush=True)
+    import gc
+
+    gc.freeze()  # the modules and plans loaded so far are never garbage: keep the collector off them
     serve(app, sock, log_level=args.log_level)
     return 0

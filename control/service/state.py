@@ -47,7 +47,7 @@ from control.service.overrides import Overrides
 
 STATE_SCHEMA = "specctl.service-state/v1"
 MIX_WINDOW_S = 60.0
-MAX_SOURCES = 256
+MAX_SOURCES = 4096
 
 
 @dataclass(slots=True)
@@ -129,7 +129,9 @@ class ControlState:
         self.refit = CostRefit(profile, window=self.config.refit_window)
         self.history: deque[HistoryPoint] = deque(maxlen=self.config.history)
         self.totals = Totals(tuple(profile.drafter_names))
-        self.sources: dict[str, tuple[int, int, float]] = {}  # source -> (dropped windows, dropped steps, last seen)
+        # (replica, source) -> (dropped windows, dropped steps, last seen): model instances of different
+        # replicas share a source name ("triton-llm_0_0"), so an agent is named by both
+        self.sources: dict[tuple[str, str], tuple[int, int, float]] = {}
         self.listeners: list[Callable[[Plan], None]] = []
         # Whether a replica still reports (the fleet's replica table decides); a stale one's windows
         # are left out of the batch and context mix the plan is checked against.
@@ -369,7 +371,7 @@ class ControlState:
         m.predicted_ms += err.predicted_ms
         m.measured_ms += err.measured_ms
         m.abs_pct += err.abs_pct
-        self.sources[batch.source] = (batch.dropped_windows, batch.dropped_steps, now)
+        self.sources[(batch.replica_id, batch.source)] = (batch.dropped_windows, batch.dropped_steps, now)
         if len(self.sources) > MAX_SOURCES:
             oldest = min(self.sources, key=lambda s: self.sources[s][2])
             del self.sources[oldest]

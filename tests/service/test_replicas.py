@@ -103,6 +103,8 @@ def test_a_silent_replica_goes_stale_and_leaves_the_group_aggregate(two_groups):
     assert rows["stale-hi"]["acceptance"] == pytest.approx(1.0) and rows["stale-lo"]["acceptance"] == pytest.approx(16 / 135)
     assert rows["stale-hi"]["step_ms"] != rows["stale-lo"]["step_ms"]  # each replica keeps its own step time
     assert 16 / 135 < both["acceptance"] < 1.0  # pooled over both
+    # same model instance name on two replicas: two agents, not one
+    assert c.get("/v1/status", params={"group": GROUP_B}).json()["telemetry"]["agents"] == 2
     deadline = time.monotonic() + 10
     seq = 2
     while True:  # stale-hi keeps reporting, stale-lo fell silent
