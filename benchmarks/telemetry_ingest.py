@@ -10,7 +10,7 @@ reports it as a share of one core, with the windows it accepted per second and t
 The simulated agents' own CPU is not counted: they run in this process, not the control plane's.
 
     python benchmarks/telemetry_ingest.py [--agents 100] [--interval 1.0] [--samples 256]
-        [--duration 30] [--profile profiles/cpu/stdlib-full.yaml] [--json out.json]
+        [--steps-per-s 40] [--duration 30] [--profile profiles/cpu/stdlib-full.yaml] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ BODIES_PER_AGENT = 4
 
 
 def window(rng: np.random.Generator, *, source: str, replica: str, group: str, seq: int, drafters: list[str],
-           samples: int, interval_s: float, plan_version: int) -> dict:
-    """A window as a CPU replica at batch ~8 would send it: ~40 steps/s, k up to 4, acceptance ~0.7."""
-    steps = max(int(40 * interval_s), 1)
+           samples: int, interval_s: float, plan_version: int, steps_per_s: float = 40.0) -> dict:
+    """A window as a replica at batch ~8 would send it: ``steps_per_s`` steps (a CPU replica makes ~40 a
+    second, a GPU one ~100), k up to 4, acceptance ~0.7, ``samples`` of its steps sampled (at most all)."""
+    steps = max(int(steps_per_s * interval_s), 1)
     batch = rng.integers(4, 13, size=steps)  # [steps]
     request_steps = int(batch.sum())
     ctx = rng.integers(200, 1500, size=request_steps)  # [request_steps]
@@ -126,7 +127,8 @@ async def agent(client, url: str, i: int, group: str, drafters: list[str], args,
     # A few distinct windows per agent, encoded once: this process must keep up with the posting rate
     # on a loaded machine; only the sequence number changes between posts.
     bodies = [json.dumps(window(rng, source="triton-llm_0_0", replica=replica, group=group, seq=0, drafters=drafters,
-                                samples=args.samples, interval_s=args.interval, plan_version=1),
+                                samples=args.samples, interval_s=args.interval, plan_version=1,
+                                steps_per_s=args.steps_per_s),
                          separators=(",", ":")) for _ in range(BODIES_PER_AGENT)]
     await asyncio.sleep(random.Random(i).uniform(0, args.interval))
     seq = 0
@@ -175,7 +177,8 @@ async def run(args, url: str, pid: int, profile) -> dict:
     windows = status["telemetry"]["windows"] - w0
     cpu_ms = (c1 - c0) * 1000.0 / max(windows, 1)
     nominal = args.agents / args.interval  # windows/s the agents would send if this process kept up
-    return {"agents": args.agents, "interval_s": args.interval, "samples_per_window": args.samples,
+    return {"agents": args.agents, "interval_s": args.interval, "steps_per_s": args.steps_per_s,
+            "samples_per_window": min(args.samples, max(int(args.steps_per_s * args.interval), 1)),
             "duration_s": round(wall, 2), "cpu_share_of_one_core": round((c1 - c0) / wall, 4),
             "windows_per_s": round(windows / wall, 1), "cpu_ms_per_window": round(cpu_ms, 3),
             "cpu_share_at_nominal_rate": round(cpu_ms * nominal / 1000.0, 4),
@@ -190,7 +193,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", type=int, default=100)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between an agent's windows (agent default 1)")
-    ap.add_argument("--samples", type=int, default=256, help="step samples per window (agent default 256)")
+    ap.add_argument("--samples", type=int, default=256, help="step samples per window at most (agent default 256)")
+    ap.add_argument("--steps-per-s", type=float, default=40.0,
+                    help="decode steps per second per replica (default 40, a CPU replica; ~100 on a GPU)")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds measured after a warm-up")
     ap.add_argument("--profile", default=str(ROOT / "profiles" / "cpu" / "stdlib-full.yaml"))
     ap.add_argument("--json", help="write the result here")
