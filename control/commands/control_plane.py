@@ -75,7 +75,6 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import logging
-    from pathlib import Path
 
     from control.errors import ConfigError
     from control.plan import SLO
@@ -85,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     from control.service.state import ControlState, ServiceConfig
 
     profiles = [load_profile(path) for path in args.profile]
-    profile = profiles[0]
     spec = parse_policy_spec(args.policy)
     if spec.name == "oracle":
         raise ConfigError("policy 'oracle' runs only inside the simulator; choose another --policy")

@@ -130,15 +130,14 @@ def test_three_replicas_one_plan_an_override_everywhere_and_a_killed_replica_ret
     assert s.failed == 0 and s.completed == REQUESTS, s.errors
     # only the killed replica lost requests (at most those in flight there, plus any sent before the pool
     # saw it die), and every one was retried on another replica
-    assert 1 <= victim_ep.failed and s.retried == victim_ep.failed
+    assert victim_ep.failed >= 1 and s.retried == victim_ep.failed
     assert all(e.failed == 0 for e in pool.endpoints if e is not victim_ep)
     # greedy and lossless: a prompt gives the same tokens on every replica, retried or not
     by_prompt: dict[str, set] = {}
     for p, res in zip(many(REQUESTS), results, strict=True):
         by_prompt.setdefault(p, set()).add(tuple(res.token_ids))
     assert all(len(v) == 1 for v in by_prompt.values())
-    assert {res.replica for res in results} == {sv.grpc_url for _, sv in replicas[:2]} | (
-        {victim.grpc_url} & {res.replica for res in results})
+    assert {sv.grpc_url for _, sv in replicas[:2]} <= {res.replica for res in results}  # load was spread
 
     # /metrics and the dashboard show all three; the killed one goes stale
     def rows():
@@ -157,7 +156,7 @@ def test_three_replicas_one_plan_an_override_everywhere_and_a_killed_replica_ret
     metrics = c.get("/metrics").text
     for name, _ in replicas:
         assert f'replica="{name}"' in metrics
-    assert f'specctl_replica_stale{{group=' in metrics and metrics.count("specctl_replica_stale{") == REPLICAS
+    assert 'specctl_replica_stale{group=' in metrics and metrics.count("specctl_replica_stale{") == REPLICAS
     page = c.get("/").text
     assert all(name in page for name, _ in replicas) and "2 fresh, 1 stale" in page
     c.put("/v1/overrides", json={}, headers=AUTH).raise_for_status()

@@ -162,3 +162,30 @@ def test_a_running_agent_reports_as_its_replica_on_the_plan_it_runs(two_groups, 
         agent.stop(timeout_s=0.5)
     assert row["steps"] > 0 and 0.0 < row["acceptance"] <= 1.0 and row["step_ms"] > 0
     assert list(row["agents"]) == [agent.source]
+
+
+def test_each_group_keeps_its_overrides_in_its_own_state_file_across_a_restart(tmp_path):
+    a, b = tmp_path / "test.yaml", tmp_path / "l4.yaml"
+    make_profile().save(a)
+    _l4_profile().save(b)
+    state = tmp_path / "control-state.json"
+    args = [*FAST_REPLAN, "--profile", str(b), "--state", str(state)]
+    svc = ServiceProcess(a, extra=args).start()
+    try:
+        r = httpx.put(f"{svc.url}/v1/overrides", params={"group": GROUP_B}, json={"policy": "fixed:3"},
+                      headers=AUTH, timeout=5)
+        r.raise_for_status()
+        version_b = r.json()["plan_version"]
+    finally:
+        svc.stop()
+    files = {p.name for p in tmp_path.glob("control-state.*.json")}
+    assert files == {"control-state.test+target+draft.json", "control-state.l4+target+draft.json"}
+    svc = ServiceProcess(a, port=svc.port, extra=args).start()
+    try:
+        got_b = httpx.get(f"{svc.url}/v1/overrides", params={"group": GROUP_B}, timeout=5).json()
+        got_a = httpx.get(f"{svc.url}/v1/overrides", params={"group": GROUP_A}, timeout=5).json()
+        plan_b = httpx.get(f"{svc.url}/v1/plan", params={"group": GROUP_B}, timeout=5).json()
+    finally:
+        svc.stop()
+    assert got_b["policy"] == "fixed:3" and got_a.get("policy") is None
+    assert plan_b["policy"] == "fixed:3" and plan_b["version"] > version_b  # versions never go backwards
