@@ -86,6 +86,32 @@ def _wait(cond, timeout_s: float, what: str) -> float:
     return time.monotonic() - t0
 
 
+def test_the_live_benchmark_spreads_one_run_over_all_replicas(fleet):
+    """``specctl bench --url a,b,c``'s run: requests spread by the pool, stats summed over the replicas."""
+    from control.bench.live import Endpoints, clear_overrides, make_requests, run_once, switch_policy
+    from control.cli import main
+
+    dep, replicas = fleet
+    ep = Endpoints(grpc=replicas[0][1].grpc_url, http=replicas[0][1].http_url, control=dep.control_url, token=TOKEN,
+                   replicas=tuple((s.grpc_url, s.http_url) for _, s in replicas[1:]))
+    before = [model_stats(s.http_url) for _, s in replicas]
+    try:
+        switch_policy(ep, "fixed:2")  # returns once every replica has the plan
+        row = run_once(ep, make_requests("corpus", 9, seed=1, max_tokens=16), policy="fixed:2", load=1.0,
+                       rate=float("inf"))
+    finally:
+        clear_overrides(ep)
+    after = [model_stats(s.http_url) for _, s in replicas]
+    ex = row["extra"]
+    assert ex["failed"] == 0 and ex["completed"] == 9 and ex["replicas"] == REPLICAS and ex["retried"] == 0
+    assert all(a["decode_steps"] > b["decode_steps"] for a, b in zip(after, before, strict=True))  # all served
+    busy = sum(a["busy_ms"] - b["busy_ms"] for a, b in zip(after, before, strict=True)) / 1e3
+    assert ex["busy_s"] == pytest.approx(busy)  # the row's counts are the replicas' summed
+    bad = main(["bench", "--url", f"grpc://{replicas[0][1].grpc_url},grpc://{replicas[1][1].grpc_url}",
+                "--http-url", replicas[0][1].http_url, "--control-url", dep.control_url, "--token", TOKEN])
+    assert bad == 2  # one --http-url for two replicas is refused before anything runs
+
+
 def test_three_replicas_one_plan_an_override_everywhere_and_a_killed_replica_retried(fleet):
     dep, replicas = fleet
     c = httpx.Client(base_url=dep.control_url, timeout=5)
