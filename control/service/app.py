@@ -379,7 +379,10 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
         description="Plans, telemetry, overrides and metrics for specctl's speculative-decoding controllers. "
                     "Writes need `Authorization: Bearer <token>`.",
     )
-    app.add_middleware(WriteGuard, token=token, max_body_bytes=cfg.max_body_bytes, state=state, fleet=fleet)
+    app.add_middleware(WriteGuard, token=token, max_body_bytes=cfg.max_body_bytes, state=state)
+    # What the server runs: the same guard in front of FastAPI's own layers, answering valid telemetry
+    # itself (see WriteGuard); everything else goes on to the app and its guard.
+    app.state.asgi = WriteGuard(app, token=token, max_body_bytes=cfg.max_body_bytes, state=state, fleet=fleet)
     app.state.control = state
     app.state.fleet = fleet
     app.state.hub = hubs
