@@ -11,6 +11,12 @@
   ``POST /v1/telemetry`` and removes it once the service accepted it (2xx) or refused it for good
   (4xx, counted as rejected). While the service is away the queue fills and the agent drops the
   oldest windows (counted); nothing here ever makes the engine wait.
+
+Identity: every window and the plan subscription name the agent's replica and group. The replica is
+the Triton server the agent runs in: ``$SPECCTL_REPLICA`` (on Kubernetes, the pod's name from the
+downward API) or ``<host>-<pid>``; the group is ``<sku>/<pair>`` of the agent's profile, which picks
+the plans the service compiles for that group. A service that predates groups ignores the query
+parameters; a service with several groups refuses a group it does not serve, naming the ones it does.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import contextlib
 import json
 import logging
 import math
+import os
 import random
+import re
 import threading
 import time
 from collections import deque
@@ -28,12 +36,28 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from control.agent.wire import SOURCE_PATTERN, group_name
 from control.errors import ConfigError
 from control.plan import Plan, parse_plan
 
 log = logging.getLogger("specctl.agent")
 
 POLL_S = 0.2  # how often the telemetry task looks at the queue
+REPLICA_ENV = "SPECCTL_REPLICA"
+
+
+def replica_id(environ: dict[str, str] | None = None) -> str:
+    """This process's replica id: ``$SPECCTL_REPLICA`` or ``<host>-<pid>``, cut to what the wire carries.
+
+    ConfigError when ``$SPECCTL_REPLICA`` is set to something the wire does not carry.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get(REPLICA_ENV)
+    if given is not None:
+        if not re.fullmatch(SOURCE_PATTERN, given):
+            raise ConfigError(f"{REPLICA_ENV}={given[:80]!r}: use 1..128 of A-Z a-z 0-9 _ . : @ / -")
+        return given
+    return re.sub(r"[^A-Za-z0-9_.:@/\-]", "-", f"{os.uname().nodename}-{os.getpid()}")[:128]
 
 
 class Backoff:
@@ -110,6 +134,9 @@ class AgentSide(Protocol):
     @property
     def plan_id(self) -> str: ...
 
+    @property
+    def plan(self) -> Plan: ...
+
     def offer_plan(self, plan: Plan, plan_id: str) -> bool: ...
 
     def reject_plan(self, reason: str) -> bool: ...
@@ -121,9 +148,13 @@ class ServiceLink:
     """Background subscription and telemetry for one ``Agent`` (see the module docstring)."""
 
     def __init__(self, agent: AgentSide, url: str, *, token: str | None, backoff_initial_s: float = 0.25,
-                 backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0) -> None:
+                 backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0,
+                 replica: str | None = None) -> None:
         self.agent = agent
         self.url = url
+        self.replica = replica or replica_id()
+        profile = agent.plan.profile
+        self.group = group_name(profile.sku, profile.pair)
         self.token = token
         self.backoff = (backoff_initial_s, backoff_max_s)
         self.timeout_s = timeout_s
@@ -212,7 +243,9 @@ class ServiceLink:
                 headers = {"Accept": "text/event-stream"}
                 if self.last_plan_id:
                     headers["Last-Event-ID"] = self.last_plan_id
-                async with client.stream("GET", f"{self.url}/v1/plan/stream", headers=headers, timeout=timeout) as r:
+                params = {"group": self.group, "replica": self.replica}
+                async with client.stream("GET", f"{self.url}/v1/plan/stream", params=params, headers=headers,
+                                         timeout=timeout) as r:
                     if r.status_code != 200:
                         body = (await r.aread()).decode("utf-8", "replace")[:200]
                         raise RuntimeError(f"plan stream answered HTTP {r.status_code}: {body}")
@@ -257,6 +290,8 @@ class ServiceLink:
         if self._encoded is None or self._encoded[0] is not w:
             self._seq += 1
             doc = self.agent.window_payload(w, self._seq)
+            doc.setdefault("replica", self.replica)
+            doc.setdefault("group", self.group)
             self._encoded = (w, json.dumps(doc, separators=(",", ":"), allow_nan=False).encode())
         return self._encoded[1]
 

@@ -16,6 +16,7 @@ rejects a document with 422 naming the first bad field, or with 413 when the bod
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,6 +32,9 @@ MAX_COUNT = 10**12  # any count above this is corrupt
 MAX_MS = 1.0e7  # about 2.8 hours: a longer "step" is corrupt
 MAX_WINDOW_S = 3600.0
 SOURCE_PATTERN = r"^[A-Za-z0-9_.:@/\-]{1,128}$"
+# A deployment group: the replicas that serve one model pair on one SKU, ``<sku>/<pair>`` (``group_name``).
+GROUP_PATTERN = r"^[A-Za-z0-9_.:+@\-]{1,64}/[A-Za-z0-9_.:+@\-]{1,128}$"
+_GROUP_PART = re.compile(r"[^A-Za-z0-9_.:+@\-]")
 # Column order of the agent's sample buffer (control.agent.TelemetryWindow) and of ``StepSamples``.
 SAMPLE_FIELDS = (
     "batch", "ctx_tokens", "verify_tokens", "verify_ms", "draft_ms", "total_ms", "predicted_ms",
@@ -135,6 +139,10 @@ class TelemetryBatch(BaseModel):
 
     schema_: Literal["specctl.telemetry/v1"] = Field(alias="schema")
     source: str = Field(pattern=SOURCE_PATTERN, description="the agent's id (e.g. model name and instance)")
+    replica: str | None = Field(default=None, pattern=SOURCE_PATTERN,
+                                description="the replica (Triton server) the agent runs in; default: source")
+    group: str | None = Field(default=None, pattern=GROUP_PATTERN,
+                              description="'<sku>/<pair>' of the agent's profile; default: the service's first group")
     seq: Count = _count(description="window number, increasing per agent")
     plan_version: int = Field(ge=0, le=MAX_COUNT, description="version of the plan in force (0: the agent's default)")
     plan_id: str | None = Field(default=None, max_length=128)
@@ -176,6 +184,11 @@ class TelemetryBatch(BaseModel):
 
     # -- derived ---------------------------------------------------------------------------------
     @property
+    def replica_id(self) -> str:
+        """The replica this window comes from (an agent without a replica id is its own replica)."""
+        return self.replica or self.source
+
+    @property
     def mean_batch(self) -> float:
         return self.request_steps / self.steps if self.steps else 0.0
 
@@ -187,3 +200,8 @@ class TelemetryBatch(BaseModel):
     def mean_k(self) -> float:
         total = sum(self.k_hist)
         return sum(i * c for i, c in enumerate(self.k_hist)) / total if total else 0.0
+
+
+def group_name(sku: str, pair: str) -> str:
+    """A profile's deployment group, ``<sku>/<pair>``, with characters the wire does not carry replaced by '-'."""
+    return f"{_GROUP_PART.sub('-', sku)[:64] or '-'}/{_GROUP_PART.sub('-', pair)[:128] or '-'}"

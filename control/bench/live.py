@@ -67,6 +67,32 @@ class Endpoints:
     http: str  # http://host:port (model stats)
     control: str | None = None  # http://host:port (overrides); None: no policy switching
     token: str | None = None
+    # More replicas under the same control plane, (grpc host:port, http URL) each: requests are spread
+    # over all of them by ``control.clients.replicas.ReplicaPool`` (retried elsewhere if one dies) and
+    # the model stats are summed over them.
+    replicas: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def https(self) -> list[str]:
+        return [self.http, *(h for _, h in self.replicas)]
+
+
+SUMMED_STATS = ("busy_ms", "decode_steps", "spec_steps", "step_verified", "step_accepted", "generated", "completed",
+                "failed", "cancelled")
+
+
+def fleet_stats(ep: Endpoints) -> dict[str, Any]:
+    """The llm model's stats, summed over every replica when there are several (plan version: the oldest)."""
+    if not ep.replicas:
+        return model_stats(ep.http)
+    docs = [model_stats(h) for h in ep.https]
+    out = dict(docs[0])
+    for k in (*SUMMED_STATS, *TIME_KEYS):
+        if all(k in d for d in docs):
+            out[k] = sum(d[k] for d in docs)
+    out["k_hist"] = np.sum([np.asarray(d["k_hist"]) for d in docs], axis=0).tolist()
+    out["plan_version"] = min(d.get("plan_version", 0) for d in docs)
+    return out
 
 
 @dataclass
@@ -179,7 +205,7 @@ def switch_policy(ep: Endpoints, policy: str, timeout_s: float = 15.0, drafters:
     if r.status_code != 200:
         raise SpecctlError(f"PUT {ep.control}/v1/overrides policy={policy}: HTTP {r.status_code}: {r.text[:200]}")
     while time.monotonic() - t0 < timeout_s:
-        if model_stats(ep.http)["plan_received"]["policy"] == policy:
+        if all(model_stats(h)["plan_received"]["policy"] == policy for h in ep.https):
             return time.monotonic() - t0
         time.sleep(0.05)
     raise SpecctlError(f"the llm model did not receive the plan for policy {policy} within {timeout_s:.0f} s; is its "
@@ -194,10 +220,13 @@ def clear_overrides(ep: Endpoints) -> None:
 
 # -- one run ----------------------------------------------------------------------------------------
 async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeout_s: float,
-                     on_done: Callable[[int], None] | None) -> tuple[list[Result], np.ndarray]:
+                     on_done: Callable[[int], None] | None, pool_stats: dict | None = None) -> tuple[list[Result], np.ndarray]:
     import tritonclient.grpc.aio as aio
 
-    client = aio.InferenceServerClient(ep.grpc)
+    from control.clients.replicas import ReplicaPool
+
+    pool = ReplicaPool([f"grpc://{g}" for g in (ep.grpc, *(g for g, _ in ep.replicas))]) if ep.replicas else None
+    client = aio.InferenceServerClient(ep.grpc) if pool is None else None
     sent = np.full(reqs.n, np.nan)
     t0 = time.perf_counter()
     done = [0]
@@ -207,9 +236,11 @@ async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeou
         if delay > 0:
             await asyncio.sleep(delay)
         sent[i] = time.perf_counter() - t0
+        params = GenParams(max_tokens=int(reqs.max_tokens[i]))
         try:
-            return await asyncio.wait_for(
-                stream_generate(client, reqs.prompts[i], GenParams(max_tokens=int(reqs.max_tokens[i]))), timeout_s)
+            call = (stream_generate(client, reqs.prompts[i], params) if pool is None
+                    else pool.generate(reqs.prompts[i], params, request_id=f"bench-{i}"))
+            return await asyncio.wait_for(call, timeout_s)
         except TimeoutError:
             return Result(error=f"no complete answer within {timeout_s:.0f} s")
         finally:
@@ -220,7 +251,9 @@ async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeou
     try:
         results = await asyncio.gather(*(one(i) for i in range(reqs.n)))
     finally:
-        await client.close()
+        await (client.close() if pool is None else pool.close())
+    if pool is not None and pool_stats is not None:
+        pool_stats.update(replicas=len(pool.endpoints), retried=pool.stats.retried)
     return list(results), sent
 
 
@@ -228,9 +261,7 @@ TIME_KEYS = ("policy_ms", "prefill_ms", "draft_ms", "verify_ms", "deliver_ms")
 
 
 def _delta(after: dict, before: dict) -> dict[str, Any]:
-    keys = ("busy_ms", "decode_steps", "spec_steps", "step_verified", "step_accepted", "generated", "completed",
-            "failed", "cancelled")
-    d = {k: after[k] - before[k] for k in keys}
+    d = {k: after[k] - before[k] for k in SUMMED_STATS}
     for k in TIME_KEYS:  # an executor that does not time these parts leaves them out
         if k in after and k in before:
             d[k] = after[k] - before[k]
@@ -243,9 +274,10 @@ def run_once(ep: Endpoints, reqs: Requests, *, policy: str, load: float, rate: f
              on_done: Callable[[int], None] | None = None) -> dict:
     """Send ``reqs`` at ``rate`` req/s (arrival pattern scaled); one ``specctl.bench/v1`` row."""
     arrivals = reqs.unit_arrivals / rate if math.isfinite(rate) and rate > 0 else np.zeros(reqs.n)
-    before = model_stats(ep.http)
-    results, sent = asyncio.run(_run_async(ep, reqs, arrivals, timeout_s, on_done))
-    after = model_stats(ep.http)
+    before = fleet_stats(ep)
+    pool: dict[str, int] = {}
+    results, sent = asyncio.run(_run_async(ep, reqs, arrivals, timeout_s, on_done, pool))
+    after = fleet_stats(ep)
     d = _delta(after, before)
     arrival = np.where(np.isfinite(sent), np.minimum(sent, arrivals), arrivals)  # a late send counts from its schedule
     ok = np.array([r.error is None and not r.cancelled for r in results])
@@ -268,7 +300,7 @@ def run_once(ep: Endpoints, reqs: Requests, *, policy: str, load: float, rate: f
                          "mean_accepted_per_step": (d["step_accepted"] + d["decode_steps"]) / d["decode_steps"]
                          if d["decode_steps"] else None,
                          "busy_s": d["busy_ms"] / 1e3, "plan_version": after.get("plan_version"),
-                         "time_s": {k[:-3]: round(d[k] / 1e3, 4) for k in TIME_KEYS if k in d}})
+                         "time_s": {k[:-3]: round(d[k] / 1e3, 4) for k in TIME_KEYS if k in d}, **pool})
     return row
 
 

@@ -73,6 +73,7 @@ class Result:
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those responses
     error: str | None = None
     cancelled: bool = False
+    replica: str = ""  # the endpoint that answered (set by control.clients.replicas.ReplicaPool)
 
     @property
     def acceptance_rate(self) -> float:

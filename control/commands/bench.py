@@ -73,8 +73,11 @@ def register(sub) -> None:
                                    "through the control plane's override API) send the same requests with Poisson or "
                                    "trace-replay arrivals over gRPC streaming; report TTFT, TPOT, inter-token latency, "
                                    "latency, goodput, SLO attainment and acceptance (specctl.bench/v1 JSON, Markdown, plots).")
-    p.add_argument("--url", required=True, help="Triton gRPC endpoint: grpc://HOST:PORT or HOST:PORT")
-    p.add_argument("--http-url", help="Triton HTTP endpoint for the model's stats (default http://HOST:8000)")
+    p.add_argument("--url", required=True,
+                   help="Triton gRPC endpoint: grpc://HOST:PORT or HOST:PORT; several replicas under one control "
+                        "plane: a comma-separated list (requests are spread over them, retried on another if one dies)")
+    p.add_argument("--http-url", help="Triton HTTP endpoint for the model's stats (default http://HOST:8000); "
+                                      "with several --url, one per replica, comma-separated, in the same order")
     p.add_argument("--control-url", help="control-plane service (default http://HOST:8700)")
     p.add_argument("--token", help="control-plane token (default: SPECCTL_TOKEN)")
     add_load_args(p, requests=40, loads="0.25,0.5,0.8,1.1")
@@ -88,16 +91,24 @@ def run(args: argparse.Namespace) -> int:
 
     from control.bench.live import Endpoints
     from control.clients.triton import parse_url
+    from control.errors import ConfigError
 
-    proto, addr = parse_url(args.url)
-    if proto != "grpc":
-        from control.errors import ConfigError
-
-        raise ConfigError(f"--url {args.url}: the benchmark streams over gRPC; give grpc://HOST:PORT (Triton's gRPC port)")
-    host = urlsplit("grpc://" + addr).hostname
-    ep = Endpoints(grpc=addr, http=(args.http_url or f"http://{host}:8000").rstrip("/"),
-                   control=(args.control_url or f"http://{host}:8700").rstrip("/"),
-                   token=args.token or os.environ.get("SPECCTL_TOKEN"))
+    urls = [u.strip() for u in args.url.split(",") if u.strip()]
+    addrs = []
+    for url in urls:
+        proto, addr = parse_url(url)
+        if proto != "grpc":
+            raise ConfigError(f"--url {url}: the benchmark streams over gRPC; give grpc://HOST:PORT (Triton's gRPC port)")
+        addrs.append(addr)
+    if not addrs or len(set(addrs)) != len(addrs):
+        raise ConfigError(f"--url {args.url!r}: give one gRPC endpoint, or several distinct ones separated by commas")
+    hosts = [urlsplit("grpc://" + a).hostname for a in addrs]
+    https = [h.strip().rstrip("/") for h in args.http_url.split(",")] if args.http_url else [f"http://{h}:8000" for h in hosts]
+    if len(https) != len(addrs):
+        raise ConfigError(f"--http-url lists {len(https)} endpoint(s) for {len(addrs)} --url replica(s); give one per "
+                          "replica in the same order (or leave it out: http://HOST:8000 each)")
+    ep = Endpoints(grpc=addrs[0], http=https[0], control=(args.control_url or f"http://{hosts[0]}:8700").rstrip("/"),
+                   token=args.token or os.environ.get("SPECCTL_TOKEN"), replicas=tuple(zip(addrs[1:], https[1:], strict=True)))
     rows, meta = run_bench(ep, args)
     print(report(rows, meta, json_path=args.json, report_path=args.report))
     return 0

@@ -11,6 +11,13 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``):
 - ``GET /v1/overrides``; ``PUT /v1/overrides`` (token): replace the operator overrides, publish.
 - ``GET /v1/status``, ``GET /v1/explain`` (the goodput curve over k under the current plan),
   ``GET /metrics`` (Prometheus), ``GET /`` (the dashboard).
+- ``GET /v1/replicas``: every replica heard from, its group, plan version, acceptance, step time, and
+  whether it is stale.
+
+Groups: a control plane serves one group (``<sku>/<pair>``) per profile it was given. The plan,
+stream, overrides, status, explain and dashboard endpoints take ``?group=<sku>/<pair>`` (default: the
+first group); telemetry names its group in the body. The plan stream also takes ``?replica=<id>`` so
+the replica counts as present while its stream is open.
 
 Every write (any method but GET/HEAD/OPTIONS) needs ``Authorization: Bearer <token>``; the check runs
 before the body is read. Bodies above the size limit get 413 before they are parsed; a body with a
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import math
 from typing import Any
@@ -33,13 +41,14 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control import __version__
-from control.agent.wire import TelemetryBatch
+from control.agent.wire import SOURCE_PATTERN, TelemetryBatch
 from control.errors import SpecctlError, describe_validation_error
 from control.plan import Plan
+from control.service.fleet import Fleet, UnknownGroup
 from control.service.overrides import Overrides
 from control.service.state import ControlState
 
@@ -157,7 +166,7 @@ class PlanHub:
             self._cache = (pid, f"id: {pid}\nevent: plan\ndata: {self.message_json()}\n\n".encode())
         return self._cache
 
-    async def stream(self, last_event_id: str | None, keepalive_s: float):
+    async def stream(self, last_event_id: str | None, keepalive_s: float, on_close=None, on_send=None):
         self.subscribers += 1
         try:
             sent = last_event_id
@@ -168,6 +177,8 @@ class PlanHub:
                 if pid != sent:
                     yield msg
                     sent = pid
+                    if on_send is not None:
+                        on_send(self.state.version)
                 try:
                     await asyncio.wait_for(ev.wait(), timeout=keepalive_s)
                 except TimeoutError:
@@ -175,17 +186,26 @@ class PlanHub:
             yield b": the service is shutting down\n\n"
         finally:
             self.subscribers -= 1
+            if on_close is not None:
+                on_close()
 
 
 # -- write guard: token first, then the size limit, before any parsing --------------------------------
 class WriteGuard:
-    """ASGI middleware: writes need the bearer token (401) and bodies must fit the limit (413)."""
+    """ASGI middleware: writes need the bearer token (401) and bodies must fit the limit (413).
 
-    def __init__(self, app, *, token: str, max_body_bytes: int, state: ControlState) -> None:
+    It also answers a valid telemetry post itself (``fleet`` given): with many agents that post is most
+    of the service's traffic, and routing, dependency injection and response models cost more than
+    folding the window in. Anything it does not accept (invalid JSON, an unknown group or drafter)
+    goes on to the app, whose route gives the usual error.
+    """
+
+    def __init__(self, app, *, token: str, max_body_bytes: int, state: ControlState, fleet: Fleet | None = None) -> None:
         self.app = app
         self.token = token.encode()
         self.max = max_body_bytes
         self.state = state
+        self.fleet = fleet
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] in READ_METHODS:
@@ -236,6 +256,8 @@ class WriteGuard:
             if not msg.get("more_body", False):
                 break
         data = b"".join(chunks)
+        if telemetry and scope["method"] == "POST" and self.fleet is not None and await self._ingest(data, send):
+            return
         sent = False
 
         async def replay():
@@ -246,6 +268,19 @@ class WriteGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _ingest(self, data: bytes, send) -> bool:
+        """Fold a valid window in and answer 202; False (nothing changed) when the app must answer."""
+        try:
+            batch = TelemetryBatch.model_validate_json(data)
+            st = self.fleet.ingest(batch)
+        except (ValidationError, SpecctlError):
+            return False  # the ingest checks names before it changes anything
+        ack = f'{{"accepted":true,"plan_version":{st.version},"plan_id":{json.dumps(st.plan_id)}}}'.encode()
+        await send({"type": "http.response.start", "status": 202,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ack)).encode())]})
+        await send({"type": "http.response.body", "body": ack})
+        return True
 
     async def _too_large(self, send, size: int, telemetry: bool) -> None:
         if telemetry:
@@ -278,8 +313,6 @@ def json_safe(value: Any) -> Any:
 
 
 async def _send_json(send, status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> None:
-    import json
-
     data = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -287,28 +320,56 @@ async def _send_json(send, status: int, body: dict, extra: list[tuple[bytes, byt
 
 
 # -- the app -------------------------------------------------------------------------------------------
-def create_app(state: ControlState, *, token: str) -> FastAPI:
-    """The service's ASGI app over ``state``; ``token`` guards every write."""
+class Hubs:
+    """One ``PlanHub`` per group; closing it ends every group's streams."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.by_group = {name: PlanHub(st) for name, st in fleet.groups.items()}
+
+    @property
+    def subscribers(self) -> int:
+        return sum(h.subscribers for h in self.by_group.values())
+
+    def set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        for h in self.by_group.values():
+            h.loop = loop
+
+    def close_threadsafe(self) -> None:
+        for h in self.by_group.values():
+            h.close_threadsafe()
+
+
+def _replan_once(name: str, state: ControlState) -> None:
+    try:
+        plan = state.maybe_replan()
+        if plan is not None:
+            log.info("group %s: published plan v%d: %s", name, plan.version, plan.reason)
+    except Exception:  # keep replanning; the failure shows in the log and in /metrics
+        state.totals.replans["error"] = state.totals.replans.get("error", 0) + 1
+        log.exception("group %s: replan failed", name)
+
+
+def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
+    """The service's ASGI app over one group's ``ControlState`` or a ``Fleet`` of groups; ``token``
+    guards every write."""
     if not token:
         raise SpecctlError("the control-plane service needs a token for its write endpoints")
+    fleet = target if isinstance(target, Fleet) else Fleet([target])
+    state = fleet.default  # where requests without a group go, and where refused telemetry is counted
     cfg = state.config
-    hub = PlanHub(state)
+    hubs = Hubs(fleet)
     runner: dict[str, asyncio.Task | None] = {"task": None}
 
     async def replanner() -> None:
         while True:
             await asyncio.sleep(cfg.replan_interval_s)
-            try:
-                plan = state.maybe_replan()
-                if plan is not None:
-                    log.info("published plan v%d: %s", plan.version, plan.reason)
-            except Exception:  # keep replanning; the failure shows in the log and in /metrics
-                state.totals.replans["error"] = state.totals.replans.get("error", 0) + 1
-                log.exception("replan failed")
+            for name, st in fleet.groups.items():
+                _replan_once(name, st)
+            fleet.forget_departed()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        hub.loop = asyncio.get_running_loop()
+        hubs.set_loop(asyncio.get_running_loop())
         runner["task"] = asyncio.create_task(replanner())
         try:
             yield
@@ -323,11 +384,15 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
                     "Writes need `Authorization: Bearer <token>`.",
     )
     app.add_middleware(WriteGuard, token=token, max_body_bytes=cfg.max_body_bytes, state=state)
+    # What the server runs: the same guard in front of FastAPI's own layers, answering valid telemetry
+    # itself (see WriteGuard); everything else goes on to the app and its guard.
+    app.state.asgi = WriteGuard(app, token=token, max_body_bytes=cfg.max_body_bytes, state=state, fleet=fleet)
     app.state.control = state
-    app.state.hub = hub
+    app.state.fleet = fleet
+    app.state.hub = hubs
     from control.service.metrics import make_registry
 
-    registry = make_registry(state, lambda: hub.subscribers)
+    registry = make_registry(fleet, hubs)
     bearer = HTTPBearer(auto_error=False, description="the service token")
 
     @app.exception_handler(RequestValidationError)
@@ -342,8 +407,11 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
     @app.exception_handler(SpecctlError)
     async def _specctl(request: Request, exc: SpecctlError):
         if request.url.path == "/v1/telemetry":
-            state.reject("invalid")
-        return JSONResponse(status_code=422, content={"detail": str(exc)})
+            state.reject("unknown_group" if isinstance(exc, UnknownGroup) else "invalid")
+        status_code = 404 if isinstance(exc, UnknownGroup) and request.method in READ_METHODS else 422
+        return JSONResponse(status_code=status_code, content={"detail": str(exc)})
+
+    group_q = Query(default=None, max_length=200, description="'<sku>/<pair>' (default: the first group)")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -366,8 +434,10 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
         return JSONResponse(status_code=200 if ready else 503, content=body.model_dump())
 
     @app.get("/v1/plan", response_model=Plan, tags=["plans"], responses={304: {"description": "the plan is unchanged"}})
-    async def get_plan(if_none_match: str | None = Header(default=None, max_length=256)):
-        headers = {"ETag": f'"{state.plan_id}"', "X-Specctl-Plan-Id": state.plan_id}
+    async def get_plan(if_none_match: str | None = Header(default=None, max_length=256), group: str | None = group_q):
+        name = fleet.name_of(group)
+        st, hub = fleet.groups[name], hubs.by_group[name]
+        headers = {"ETag": f'"{st.plan_id}"', "X-Specctl-Plan-Id": st.plan_id, "X-Specctl-Group": name}
         if if_none_match is not None and headers["ETag"] in (t.strip() for t in if_none_match.split(",")):
             return Response(status_code=304, headers=headers)
         return Response(content=hub.message_json(), media_type="application/json", headers=headers)
@@ -376,34 +446,71 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
              responses={200: {"content": {"text/event-stream": {}},
                               "description": "Server-Sent Events: one `plan` event per version, "
                                              "`id: <instance>:<version>`, data = the plan JSON"}})
-    async def plan_stream(last_event_id: str | None = Header(default=None, max_length=128)):
-        return StreamingResponse(hub.stream(last_event_id, cfg.keepalive_s), media_type="text/event-stream",
+    async def plan_stream(last_event_id: str | None = Header(default=None, max_length=128), group: str | None = group_q,
+                          replica: str | None = Query(default=None, pattern=SOURCE_PATTERN,
+                                                      description="the subscriber's replica id")):
+        name = fleet.name_of(group)
+        on_close = on_send = None
+        if replica is not None:
+            table = fleet.replicas
+            table.stream_opened(replica, name, fleet.clock())
+            on_close = lambda: table.stream_closed(replica, fleet.clock())  # noqa: E731
+            on_send = lambda version: table.delivered(replica, version)  # noqa: E731
+        return StreamingResponse(hubs.by_group[name].stream(last_event_id, cfg.keepalive_s, on_close, on_send),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.post("/v1/telemetry", response_model=TelemetryAck, status_code=202, tags=["telemetry"], responses=ERRORS)
-    async def post_telemetry(batch: TelemetryBatch, _=Depends(bearer)) -> TelemetryAck:
-        state.ingest(batch)
-        return TelemetryAck(accepted=True, plan_version=state.version, plan_id=state.plan_id)
+    telemetry_body = {"required": True, "content": {"application/json": {"schema": TelemetryBatch.model_json_schema()}}}
+
+    @app.post("/v1/telemetry", response_model=TelemetryAck, status_code=202, tags=["telemetry"], responses=ERRORS,
+              openapi_extra={"requestBody": telemetry_body, "security": [{"HTTPBearer": []}]})
+    async def post_telemetry(request: Request) -> Response:  # the token was checked by WriteGuard
+        # The hot path of many agents: pydantic parses and validates the raw bytes in one pass (no
+        # dict in between), and the ack is written without a response model.
+        try:
+            batch = TelemetryBatch.model_validate_json(await request.body())
+        except ValidationError as e:
+            raise RequestValidationError(e.errors(include_url=False)) from None
+        st = fleet.ingest(batch)
+        ack = f'{{"accepted":true,"plan_version":{st.version},"plan_id":{json.dumps(st.plan_id)}}}'
+        return Response(content=ack, status_code=202, media_type="application/json")
 
     @app.get("/v1/overrides", response_model=Overrides, tags=["overrides"])
-    async def get_overrides() -> Overrides:
-        return state.overrides
+    async def get_overrides(group: str | None = group_q) -> Overrides:
+        return fleet.state(group).overrides
 
     @app.put("/v1/overrides", response_model=OverridesAck, tags=["overrides"], responses=ERRORS)
-    async def put_overrides(ov: Overrides, _=Depends(bearer)) -> OverridesAck:
-        plan = state.set_overrides(ov)
-        log.info("published plan v%d: %s", plan.version, plan.reason)
-        return OverridesAck(overrides=state.overrides, plan_version=plan.version, plan_id=state.plan_id,
+    async def put_overrides(ov: Overrides, _=Depends(bearer), group: str | None = group_q) -> OverridesAck:
+        st = fleet.state(group)
+        plan = st.set_overrides(ov)
+        log.info("group %s: published plan v%d: %s", fleet.name_of(group), plan.version, plan.reason)
+        return OverridesAck(overrides=st.overrides, plan_version=plan.version, plan_id=st.plan_id,
                             reason=plan.reason)
 
     @app.get("/v1/status", tags=["status"])
-    async def status() -> dict[str, Any]:
-        return state.status()
+    async def status(group: str | None = group_q) -> dict[str, Any]:
+        name = fleet.name_of(group)
+        now = fleet.clock()
+        return {**fleet.groups[name].status(), "group": name, "groups": list(fleet.groups),
+                "replicas": fleet.replicas.aggregate(name, now)}
 
-    def _explain(batch: int | None, ctx: int | None, acceptance: float | None, drafter: str | None) -> dict:
+    @app.get("/v1/replicas", tags=["status"])
+    async def replicas(group: str | None = Query(default=None, max_length=200,
+                                                 description="only this group (default: all)")) -> dict[str, Any]:
+        now = fleet.clock()
+        names = [fleet.name_of(group)] if group else list(fleet.groups)
+        return json_safe({"groups": {n: {"plan_version": fleet.groups[n].version, **fleet.replicas.aggregate(n, now),
+                                         "replicas": [fleet.replicas.describe(r, now)
+                                                      for r in fleet.replicas.in_group(n)]}
+                                     for n in names},
+                          "joined": fleet.replicas.joined, "left": fleet.replicas.left})
+
+    def _explain(batch: int | None, ctx: int | None, acceptance: float | None, drafter: str | None,
+                 group: str | None = None) -> dict:
         from control.goodput.explain import explain
         from control.service.dashboard import curve_inputs
 
+        state = fleet.state(group)
         plan = state.plan
         if drafter is not None and drafter not in plan.drafters:
             raise SpecctlError(f"drafter '{drafter}' is not active in plan v{plan.version}; active: {', '.join(plan.drafters)}")
@@ -421,8 +528,9 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
         acceptance: float | None = Query(default=None, ge=0.0, lt=1.0, allow_inf_nan=False,
                                          description="per-token acceptance (default: the plan's estimate)"),
         drafter: str | None = Query(default=None, max_length=64),
+        group: str | None = group_q,
     ) -> dict:
-        return _explain(batch, ctx, acceptance, drafter)
+        return _explain(batch, ctx, acceptance, drafter, group)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["status"])
     async def metrics() -> Response:
@@ -435,10 +543,13 @@ def create_app(state: ControlState, *, token: str) -> FastAPI:
         batch: int | None = Query(default=None, ge=1, le=MAX_EXPLAIN_BATCH),
         ctx: int | None = Query(default=None, ge=1, le=10_000_000),
         acceptance: float | None = Query(default=None, ge=0.0, lt=1.0, allow_inf_nan=False),
+        group: str | None = group_q,
     ) -> HTMLResponse:
         from control.service.dashboard import render
 
-        return HTMLResponse(render(state, _explain(batch, ctx, acceptance, None)))
+        name = fleet.name_of(group)
+        return HTMLResponse(render(fleet.groups[name], _explain(batch, ctx, acceptance, None, name),
+                                   fleet=fleet, group=name))
 
     return app
 

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Sequence
 
+from control.service.fleet import Fleet
 from control.service.state import ControlState
 
 W, H = 560, 220
@@ -145,7 +146,34 @@ def curve_inputs(state: ControlState) -> tuple[int, int, float]:
     return min(batch, lim.max_batch), min(ctx, lim.max_ctx), float(plan.prior_rate())
 
 
-def render(state: ControlState, explained: dict, *, refresh_s: int = 5, window_s: float = 600.0) -> str:
+def _cell(v) -> str:
+    if isinstance(v, bool):
+        return "stale" if v else "fresh"
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.3g}"
+    return html.escape(str(v))
+
+
+def replica_table(fleet: Fleet | None, group: str, now: float) -> str:
+    """One row per replica of the group: its plan, own acceptance and step time, freshness."""
+    if fleet is None:
+        return ""
+    cols = ("replica", "stale", "plan_delivered", "plan_version", "acceptance", "step_ms", "mean_batch", "mean_k", "slo_attainment",
+            "windows", "last_seen_s_ago")
+    rows = [fleet.replicas.describe(r, now) for r in fleet.replicas.in_group(group)]
+    agg = fleet.replicas.aggregate(group, now)
+    head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r[c])}</td>" for c in cols) + "</tr>" for r in rows)
+    pooled = "".join(f"<td>{_cell(agg.get(c, ''))}</td>" for c in cols[4:9])
+    groups = " ".join(f'<a href="/?group={html.escape(g)}">{html.escape(g)}</a>' for g in fleet.groups)
+    return (f'<h2>replicas of {html.escape(group)}: {agg["fresh"]} fresh, {agg["stale"]} stale</h2>'
+            f'<p class="ax">groups: {groups}</p>'
+            f'<table class="replicas"><tr>{head}</tr>{body}'
+            f'<tr><th>fresh replicas pooled</th><td></td><td></td><td></td>{pooled}<td></td><td></td></tr></table>')
+
+
+def render(state: ControlState, explained: dict, *, refresh_s: int = 5, window_s: float = 600.0,
+           fleet: Fleet | None = None, group: str = "") -> str:
     plan = state.plan
     now = time.time()
     curve = explained["curve"]
@@ -204,9 +232,11 @@ td {{ padding: 2px 0; }}
 .grid {{ stroke: #eee; }} .ax {{ font-size: 11px; fill: #555; }} .t {{ font-size: 12px; fill: #222; }}
 .muted {{ fill: #999; font-size: 12px; }} .charts {{ display: flex; flex-wrap: wrap; gap: 8px; }}
 .chart {{ border: 1px solid #ddd; background: #fff; }}
+h2 {{ font-size: 15px; margin: 8px 0 4px; }} table.replicas td, table.replicas th {{ padding: 2px 10px 2px 0; }}
 </style></head><body>
 <h1>specctl control plane: {html.escape(plan.profile.sku)}/{html.escape(plan.profile.pair)}</h1>
 <table>{table}</table>
+{replica_table(fleet, group, now)}
 <div class="charts">{goodput}{"".join(charts)}</div>
 <p class="ax">Refreshes every {int(refresh_s)} s. JSON: <a href="/v1/status">/v1/status</a>, <a href="/v1/plan">/v1/plan</a>,
 <a href="/v1/explain">/v1/explain</a>, <a href="/metrics">/metrics</a>, <a href="/openapi.json">/openapi.json</a>.</p>

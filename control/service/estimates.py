@@ -161,24 +161,23 @@ class CostRefit:
                 + t.b_ms_per_batched_token * np.asarray(s.verify_tokens, dtype=np.float64)
                 + t.d_ms_per_request * np.asarray(s.batch, dtype=np.float64)
                 + t.c_ms + self.base.overhead_ms)
-        ok = np.ones(s.n, dtype=bool)
-        drafted = np.asarray(s.drafted) > 0
-        names = [d.name for d in batch.drafters]
-        for i, d in enumerate(s.drafter):
-            if not drafted[i]:
+        drafted = np.asarray(s.drafted) > 0  # [n]
+        which = np.asarray(s.drafter, dtype=np.int64)  # [n] drafter index; -1: several in one step
+        ok = ~(drafted & (which < 0))  # several drafters in one step: no single model to predict with
+        for di, d in enumerate(batch.drafters):  # vectorised per drafter (one window has few)
+            sel = drafted & (which == di)
+            if not sel.any():
                 continue
-            if d < 0:
-                ok[i] = False  # several drafters in one step: no single model to predict with
-                continue
-            entry = self.base.drafter(names[d])
+            entry = self.base.drafter(d.name)
             if entry.kind == DrafterKind.ngram:
-                pred[i] += entry.cost_ms
+                pred[sel] += entry.cost_ms
             elif entry.name in self._draft_model:
                 m = self.coeffs[self._draft_model[entry.name][0]]
-                pred[i] += (m.a_ms_per_ctx_token * s.draft_ctx_tokens[i] + m.b_ms_per_batched_token * s.draft_batched_tokens[i]
-                            + m.c_ms * s.draft_passes[i] + entry.cost_ms)
+                pred[sel] += (m.a_ms_per_ctx_token * np.asarray(s.draft_ctx_tokens, dtype=np.float64)[sel]
+                              + m.b_ms_per_batched_token * np.asarray(s.draft_batched_tokens, dtype=np.float64)[sel]
+                              + m.c_ms * np.asarray(s.draft_passes, dtype=np.float64)[sel] + entry.cost_ms)
             else:
-                ok[i] = False  # self-speculation: the draft side's cost is not a model of its own
+                ok[sel] = False  # self-speculation: the draft side's cost is not a model of its own
         return pred[ok], np.asarray(s.total_ms, dtype=np.float64)[ok]
 
     def add(self, batch: TelemetryBatch) -> ModelError:

@@ -63,7 +63,7 @@ def _server(app, log_level: str):
             super().handle_exit(sig, frame)
             _close_streams(app)
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+    config = uvicorn.Config(getattr(app.state, "asgi", app), log_level=log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, proxy_headers=False)
     return Server(config)
 

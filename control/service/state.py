@@ -47,7 +47,7 @@ from control.service.overrides import Overrides
 
 STATE_SCHEMA = "specctl.service-state/v1"
 MIX_WINDOW_S = 60.0
-MAX_SOURCES = 256
+MAX_SOURCES = 4096
 
 
 @dataclass(slots=True)
@@ -92,6 +92,7 @@ class HistoryPoint:
     predicted_ms: float  # the service model's mean prediction for the sampled steps (NaN: none)
     request_steps: int = 0
     trials: int = 0  # evaluated draft positions
+    replica: str = ""
 
 
 class Totals:
@@ -128,8 +129,13 @@ class ControlState:
         self.refit = CostRefit(profile, window=self.config.refit_window)
         self.history: deque[HistoryPoint] = deque(maxlen=self.config.history)
         self.totals = Totals(tuple(profile.drafter_names))
-        self.sources: dict[str, tuple[int, int, float]] = {}  # source -> (dropped windows, dropped steps, last seen)
+        # (replica, source) -> (dropped windows, dropped steps, last seen): model instances of different
+        # replicas share a source name ("triton-llm_0_0"), so an agent is named by both
+        self.sources: dict[tuple[str, str], tuple[int, int, float]] = {}
         self.listeners: list[Callable[[Plan], None]] = []
+        # Whether a replica still reports (the fleet's replica table decides); a stale one's windows
+        # are left out of the batch and context mix the plan is checked against.
+        self.is_fresh: Callable[[str], bool] = lambda replica: True
         self.overrides = Overrides()
         version = 1
         saved = self._load_state()
@@ -240,7 +246,9 @@ class ControlState:
     # -- materiality ---------------------------------------------------------------------------------
     def recent_mix(self, now: float) -> tuple[int, float, float, float] | None:
         """(max batch, min mean ctx, max mean ctx, mean batch) reported in the last minute, or None."""
-        pts = [p for p in self.history if now - p.t <= MIX_WINDOW_S and p.steps > 0]
+        fresh: dict[str, bool] = {}
+        pts = [p for p in self.history if now - p.t <= MIX_WINDOW_S and p.steps > 0
+               and fresh.setdefault(p.replica, self.is_fresh(p.replica))]
         if not pts:
             return None
         w = np.array([p.steps for p in pts], dtype=np.float64)
@@ -363,7 +371,7 @@ class ControlState:
         m.predicted_ms += err.predicted_ms
         m.measured_ms += err.measured_ms
         m.abs_pct += err.abs_pct
-        self.sources[batch.source] = (batch.dropped_windows, batch.dropped_steps, now)
+        self.sources[(batch.replica_id, batch.source)] = (batch.dropped_windows, batch.dropped_steps, now)
         if len(self.sources) > MAX_SOURCES:
             oldest = min(self.sources, key=lambda s: self.sources[s][2])
             del self.sources[oldest]
@@ -374,7 +382,7 @@ class ControlState:
             acceptance=accepted / trials if trials else math.nan,
             measured_ms=batch.measured_ms_sum / batch.steps if batch.steps else math.nan,
             predicted_ms=err.predicted_ms / err.count if err.count else math.nan,
-            request_steps=batch.request_steps, trials=trials,
+            request_steps=batch.request_steps, trials=trials, replica=batch.replica_id,
         ))
 
     def reject(self, reason: str) -> None:

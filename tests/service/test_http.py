@@ -9,10 +9,14 @@ from xml.etree import ElementTree
 import httpx
 import pytest
 
+from control.agent.wire import group_name
 from control.cli import main
 from control.goodput.explain import explain
 from control.plan import parse_plan
+from tests.conftest import make_profile
 from tests.service.conftest import AUTH, TOKEN, free_port
+
+GROUP = group_name(make_profile().sku, make_profile().pair)
 
 OVR = "/v1/overrides"
 
@@ -121,25 +125,33 @@ def _metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1))
 
 
+def _labels(**kw: str) -> str:
+    """Prometheus exposition of labels: sorted by name, as prometheus_client writes them."""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(kw.items())) + "}"
+
+
 def test_metrics_follow_telemetry(service):
     c = httpx.Client(base_url=service.url, timeout=5, headers=AUTH)
+    g = _labels(group=GROUP)
     before = c.get("/metrics").text
-    s0 = _metric(before, "specctl_steps_total")
-    t0 = _metric(before, "specctl_draft_position_trials_total", '{drafter="draft",position="2"}') \
-        if 'position_trials_total{drafter="draft",position="2"}' in before else 0.0
-    k0 = _metric(before, "specctl_draft_length_bucket", '{le="2.0"}')
+    s0 = _metric(before, "specctl_steps_total", g)
+    pos2 = _labels(group=GROUP, drafter="draft", position="2")
+    t0 = _metric(before, "specctl_draft_position_trials_total", pos2) if f"position_trials_total{pos2}" in before else 0.0
+    k0 = _metric(before, "specctl_draft_length_bucket", _labels(group=GROUP, le="2.0"))
     assert c.post("/v1/telemetry", json=_telemetry(source="metrics-agent")).status_code == 202
     text = c.get("/metrics").text
-    assert _metric(text, "specctl_steps_total") == s0 + 10
-    assert _metric(text, "specctl_draft_position_trials_total", '{drafter="draft",position="2"}') == t0 + 45
-    assert _metric(text, "specctl_draft_length_bucket", '{le="2.0"}') == k0 + 50  # cumulative: k=0 20 + k=2 30
-    assert 0.0 < _metric(text, "specctl_acceptance_rate", '{drafter="draft",position="1"}') < 1.0
-    assert _metric(text, "specctl_speculative_step_share") > 0
-    assert _metric(text, "specctl_step_time_model_samples_total") >= 2
-    assert _metric(text, "specctl_step_time_policy_ms_total", '{kind="predicted"}') >= 60.0
-    assert _metric(text, "specctl_telemetry_dropped_windows") >= 2  # what the agent reported
+    assert _metric(text, "specctl_steps_total", g) == s0 + 10
+    assert _metric(text, "specctl_draft_position_trials_total", pos2) == t0 + 45
+    assert _metric(text, "specctl_draft_length_bucket", _labels(group=GROUP, le="2.0")) == k0 + 50  # k=0 20 + k=2 30
+    assert 0.0 < _metric(text, "specctl_acceptance_rate", _labels(group=GROUP, drafter="draft", position="1")) < 1.0
+    assert _metric(text, "specctl_speculative_step_share", g) > 0
+    assert _metric(text, "specctl_step_time_model_samples_total", g) >= 2
+    assert _metric(text, "specctl_step_time_policy_ms_total", _labels(group=GROUP, kind="predicted")) >= 60.0
+    assert _metric(text, "specctl_telemetry_dropped_windows", g) >= 2  # what the agent reported
+    # the agent's own row: an agent without a replica id is its own replica
+    assert _metric(text, "specctl_replica_steps_total", _labels(group=GROUP, replica="metrics-agent")) >= 10
     v = httpx.get(f"{service.url}/v1/plan").json()["version"]
-    assert re.search(rf'specctl_plan_version\{{instance="[0-9a-f]+"\}} {v}\.0', text)
+    assert re.search(rf'specctl_plan_version\{{group="{re.escape(GROUP)}",instance="[0-9a-f]+"\}} {v}\.0', text)
 
 
 def test_dashboard_and_explain(service):
