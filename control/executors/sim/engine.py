@@ -46,7 +46,10 @@ from control.goodput.stepcost import StepCostModel
 from control.policy.simple import NonePolicy
 from control.policy.types import Decision, StepOutcome, StepView
 
-__all__ = ["BATCH_BUCKETS", "SimConfig", "SimEngine", "SimResult"]
+__all__ = ["BATCH_BUCKETS", "MAX_K", "SimConfig", "SimEngine", "SimResult"]
+
+MAX_K = 16  # the largest SimConfig.max_k
+NOISE_STREAM = 23  # the step-time noise generator is seeded with (seed, NOISE_STREAM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +71,8 @@ class SimConfig:
         for name in ("max_batch", "kv_tokens", "token_budget"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"sim {name} = {getattr(self, name)!r}: must be >= 1")
-        if not 0 <= self.max_k <= 16:
-            raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..16")
+        if not 0 <= self.max_k <= MAX_K:
+            raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..{MAX_K}")
         if not (math.isfinite(self.host_token_ms) and self.host_token_ms >= 0):
             raise ConfigError(f"sim host_token_ms = {self.host_token_ms!r}: must be a finite number >= 0")
 
@@ -93,7 +96,7 @@ class SimResult:
     accepted: int = 0
     decode_tokens: int = 0
     request_steps: int = 0
-    k_hist: np.ndarray = field(default_factory=lambda: np.zeros(17, dtype=I64))
+    k_hist: np.ndarray = field(default_factory=lambda: np.zeros(MAX_K + 1, dtype=I64))  # request-steps by k
     # decode steps by batch-size bucket (upper edges BATCH_BUCKETS): steps, request-steps, sum of k
     batch_steps: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
     batch_requests: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
@@ -232,7 +235,7 @@ class SimEngine:
         cfg = self.cfg
         N = self.arr.shape[0]
         S = cfg.max_batch
-        self._rng = np.random.default_rng([cfg.seed, 23])
+        self._rng = np.random.default_rng([cfg.seed, NOISE_STREAM])
         first = np.full(N, np.nan)
         finish = np.full(N, np.nan)
         res = SimResult(self.arr, first, finish, self.P, self.O, policy=getattr(policy, "name", type(policy).__name__))
