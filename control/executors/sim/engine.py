@@ -29,6 +29,11 @@ sum (k + 1) tokens plus any prefill tokens, where an engine that verifies by bat
 token as well; drafts: one pass per draft depth), optionally multiplied
 by lognormal noise whose spread is the fit's mean absolute error. Acceptance comes from
 ``AcceptanceProcess``; with a fixed seed the whole run is deterministic.
+
+A run's state is a few small objects (``state.py``: the slot table, the KV ledger, the clock, the
+tallies) that ``SimEngine``'s methods advance: ``_admit``, then a ``_prefill_iteration`` or a
+``_decode_iteration`` (view, clamp, draft, prune, accept, chunks, step time, commit, observe), then
+``_retire``.
 """
 
 from __future__ import annotations
