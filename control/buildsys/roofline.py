@@ -352,12 +352,9 @@ def roofline_profile(
     for name, shape, cost in zip(drafts, dshapes, dcosts, strict=True):
         key = _slug(name)
         fits.append(_fit_draft(Roofline(gpu, cost, fw, ceil), shape, key, span, models))
-        kind = "eagle" if shape.kind == "eagle_head" else "draft_model"
-        drafter_entries.append({"name": key, "kind": kind, "model": key})
+        drafter_entries.append(_draft_entry(key, shape))
     if ngram_ms is not None:
-        if not (math.isfinite(ngram_ms) and ngram_ms >= 0):
-            raise ConfigError(f"ngram_ms = {ngram_ms!r}: must be a finite number >= 0")
-        drafter_entries.append({"name": "ngram", "kind": "ngram", "cost_ms": float(ngram_ms), "confidences": False})
+        drafter_entries.append(_ngram_entry(ngram_ms))
     pair = "+".join([_slug(target), *(_slug(d) for d in drafts)] + (["ngram"] if ngram_ms is not None else []))
     env = {
         "generator": "specctl roofline",
@@ -442,6 +439,19 @@ def _fit_draft(roof: Roofline, shape: ModelShape, key: str, span: _FitSpan, mode
         dfit = replace(dfit, d=roof.framework.host_seq_us / 1000.0)
     models[key] = _coeffs(dfit)
     return FitReport(key, dfit, int(sel.sum()), dmax)
+
+
+def _draft_entry(key: str, shape: ModelShape) -> dict:
+    """The profile's drafter entry for a draft model: an EAGLE-style head is of kind ``eagle``."""
+    kind = "eagle" if shape.kind == "eagle_head" else "draft_model"
+    return {"name": key, "kind": kind, "model": key}
+
+
+def _ngram_entry(ngram_ms: float) -> dict:
+    """The profile's drafter entry for n-gram prompt lookup costing ``ngram_ms`` per step."""
+    if not (math.isfinite(ngram_ms) and ngram_ms >= 0):
+        raise ConfigError(f"ngram_ms = {ngram_ms!r}: must be a finite number >= 0")
+    return {"name": "ngram", "kind": "ngram", "cost_ms": float(ngram_ms), "confidences": False}
 
 
 def _coeffs(c: LinearCost) -> dict:
