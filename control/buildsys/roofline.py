@@ -81,6 +81,8 @@ class Framework:
 
 
 VLLM_HOST_SEQ_US = 35.0
+TYPICAL_CTX = 1024  # the profile's typical context length (recorded in its grid)
+DRAFT_FIT_TOKENS = 2  # draft fits use grid points of at most this many tokens per request
 VLLM_HOST_TOKEN_US = 40.0
 
 # Values are engineering estimates for each stack, written down once and used for every SKU and
@@ -333,21 +335,7 @@ def roofline_profile(
         acceptance: prior acceptance per drafter name (recorded in the profile; optional).
         command: the command line that produced the profile, recorded in ``environment``.
     """
-    if sku.lower() == "cpu":
-        raise ConfigError("the cpu SKU is profiled by measurement (`specctl profile`), not by the roofline")
-    gpu = get_sku(sku)
-    if tp < 1 or tp & (tp - 1):
-        raise ConfigError(f"tp = {tp}: tensor parallelism must be a power of two >= 1")
-    fw = get_framework(framework)
-    tshape = get_model(target)
-    if tshape.kind != "llama":
-        raise ConfigError(f"target '{target}' is a draft head, not a model; pick a Llama target")
-    if tp > tshape.heads:
-        raise ConfigError(f"tp = {tp} exceeds the {tshape.heads} attention heads of {target}")
-    if not drafts and ngram_ms is None:
-        raise ConfigError("give at least one --draft MODEL (or --ngram-ms) to build a speculative profile")
-    if len(set(drafts)) != len(drafts):
-        raise ConfigError(f"drafts must be distinct (got: {', '.join(drafts)})")
+    gpu, fw, tshape = _check_request(sku, target, drafts, tp, framework, ngram_ms)
     wbytes = 1.0 if fp8 else 2.0
     ceil = Ceilings.of(gpu, fp8)
     tcost = ModelCost.of(tshape, tp, wbytes, wbytes)
@@ -356,36 +344,17 @@ def roofline_profile(
     kv_tokens = kv_capacity_tokens(gpu, [tcost, *dcosts], tp)
     max_ctx = int(max_ctx or min(tshape.max_position, 131072))
     grid = grid or Grid()
+    span = _FitSpan(max_batch, max_ctx, kv_tokens, token_budget, grid)
 
     models: dict[str, dict] = {}
-    fits: list[FitReport] = []
-    B, S, T = grid.points(max_batch, max_ctx, kv_tokens, token_budget)
-    if B.size < 3:
-        raise ConfigError(f"the fit grid is empty for {sku} (KV capacity {kv_tokens} tokens); lower max_batch or raise tp")
-    tfit, tmax = fit_roofline(Roofline(gpu, tcost, fw, ceil), B, S, T)
-    if fw.host_seq_us:
-        tfit = replace(tfit, d=fw.host_seq_us / 1000.0)
-    models["target"] = _coeffs(tfit)
-    fits.append(FitReport("target", tfit, int(B.size), tmax))
+    fits = [_fit_target(Roofline(gpu, tcost, fw, ceil), span, sku, models)]
     drafter_entries = []
     for name, shape, cost in zip(drafts, dshapes, dcosts, strict=True):
-        # Draft passes compute one token per request (catch-up adds a few): fit on tokens 1..2.
-        dctx = min(max_ctx, shape.max_position) if shape.kind == "llama" else max_ctx
-        dB, dS, dT = grid.points(max_batch, dctx, kv_tokens, token_budget)
-        sel = dT <= 2
-        dfit, dmax = fit_roofline(Roofline(gpu, cost, fw, ceil), dB[sel], dS[sel], dT[sel])
-        if fw.draft_host_prep:
-            # each draft pass prepares its sequences' inputs on the host: per sequence per pass
-            dfit = replace(dfit, d=fw.host_seq_us / 1000.0)
         key = _slug(name)
-        models[key] = _coeffs(dfit)
-        fits.append(FitReport(key, dfit, int(sel.sum()), dmax))
-        kind = "eagle" if shape.kind == "eagle_head" else "draft_model"
-        drafter_entries.append({"name": key, "kind": kind, "model": key})
+        fits.append(_fit_draft(Roofline(gpu, cost, fw, ceil), shape, key, span, models))
+        drafter_entries.append(_draft_entry(key, shape))
     if ngram_ms is not None:
-        if not (math.isfinite(ngram_ms) and ngram_ms >= 0):
-            raise ConfigError(f"ngram_ms = {ngram_ms!r}: must be a finite number >= 0")
-        drafter_entries.append({"name": "ngram", "kind": "ngram", "cost_ms": float(ngram_ms), "confidences": False})
+        drafter_entries.append(_ngram_entry(ngram_ms))
     pair = "+".join([_slug(target), *(_slug(d) for d in drafts)] + (["ngram"] if ngram_ms is not None else []))
     env = {
         "generator": "specctl roofline",
@@ -408,9 +377,81 @@ def roofline_profile(
         "acceptance": dict(acceptance or {}),
         "limits": {"max_batch": max_batch, "max_ctx": max_ctx, "kv_tokens": kv_tokens, "token_budget": token_budget},
         "grid": {"batch": list(grid.batch), "ctx": list(grid.ctx), "tokens_per_request": list(grid.tokens),
-                 "typical_ctx": 1024},
+                 "typical_ctx": TYPICAL_CTX},
     }
     return parse_profile(doc, where=f"roofline profile {gpu.name}/{pair}")
+
+
+def _check_request(sku: str, target: str, drafts: list[str], tp: int, framework: str | Framework,
+                   ngram_ms: float | None):
+    """(GPU, framework, target shape) of a roofline request, or a ConfigError naming the bad value."""
+    if sku.lower() == "cpu":
+        raise ConfigError("the cpu SKU is profiled by measurement (`specctl profile`), not by the roofline")
+    gpu = get_sku(sku)
+    if tp < 1 or tp & (tp - 1):
+        raise ConfigError(f"tp = {tp}: tensor parallelism must be a power of two >= 1")
+    fw = get_framework(framework)
+    tshape = get_model(target)
+    if tshape.kind != "llama":
+        raise ConfigError(f"target '{target}' is a draft head, not a model; pick a Llama target")
+    if tp > tshape.heads:
+        raise ConfigError(f"tp = {tp} exceeds the {tshape.heads} attention heads of {target}")
+    if not drafts and ngram_ms is None:
+        raise ConfigError("give at least one --draft MODEL (or --ngram-ms) to build a speculative profile")
+    if len(set(drafts)) != len(drafts):
+        raise ConfigError(f"drafts must be distinct (got: {', '.join(drafts)})")
+    return gpu, fw, tshape
+
+
+@dataclass(frozen=True)
+class _FitSpan:
+    """The deployment limits a fit's grid points stay within."""
+
+    max_batch: int
+    max_ctx: int
+    kv_tokens: int
+    token_budget: int
+    grid: Grid
+
+
+def _fit_target(roof: Roofline, span: _FitSpan, sku: str, models: dict[str, dict]) -> FitReport:
+    """Fit the target's step time over the whole grid; adds ``models["target"]``."""
+    B, S, T = span.grid.points(span.max_batch, span.max_ctx, span.kv_tokens, span.token_budget)
+    if B.size < 3:
+        raise ConfigError(f"the fit grid is empty for {sku} (KV capacity {span.kv_tokens} tokens); "
+                          "lower max_batch or raise tp")
+    tfit, tmax = fit_roofline(roof, B, S, T)
+    if roof.framework.host_seq_us:
+        tfit = replace(tfit, d=roof.framework.host_seq_us / 1000.0)
+    models["target"] = _coeffs(tfit)
+    return FitReport("target", tfit, int(B.size), tmax)
+
+
+def _fit_draft(roof: Roofline, shape: ModelShape, key: str, span: _FitSpan, models: dict[str, dict]) -> FitReport:
+    """Fit a draft model's pass time; adds ``models[key]``. Draft passes compute one token per request
+    (catch-up adds a few): fit on tokens 1..2."""
+    dctx = min(span.max_ctx, shape.max_position) if shape.kind == "llama" else span.max_ctx
+    dB, dS, dT = span.grid.points(span.max_batch, dctx, span.kv_tokens, span.token_budget)
+    sel = dT <= DRAFT_FIT_TOKENS
+    dfit, dmax = fit_roofline(roof, dB[sel], dS[sel], dT[sel])
+    if roof.framework.draft_host_prep:
+        # each draft pass prepares its sequences' inputs on the host: per sequence per pass
+        dfit = replace(dfit, d=roof.framework.host_seq_us / 1000.0)
+    models[key] = _coeffs(dfit)
+    return FitReport(key, dfit, int(sel.sum()), dmax)
+
+
+def _draft_entry(key: str, shape: ModelShape) -> dict:
+    """The profile's drafter entry for a draft model: an EAGLE-style head is of kind ``eagle``."""
+    kind = "eagle" if shape.kind == "eagle_head" else "draft_model"
+    return {"name": key, "kind": kind, "model": key}
+
+
+def _ngram_entry(ngram_ms: float) -> dict:
+    """The profile's drafter entry for n-gram prompt lookup costing ``ngram_ms`` per step."""
+    if not (math.isfinite(ngram_ms) and ngram_ms >= 0):
+        raise ConfigError(f"ngram_ms = {ngram_ms!r}: must be a finite number >= 0")
+    return {"name": "ngram", "kind": "ngram", "cost_ms": float(ngram_ms), "confidences": False}
 
 
 def _coeffs(c: LinearCost) -> dict:

@@ -176,6 +176,30 @@ class IterationStats:
     policy_error: str | None = None  # the policy raised; this step decoded without speculation
 
 
+# IterationStats fields that add up over steps (StepTotals.sums holds their totals)
+SUMMED_STATS = ("total_ms", "policy_ms", "prefill_ms", "draft_ms", "verify_ms")
+DECODE_STATS = ("verified", "accepted")  # summed over decode iterations only
+
+
+@dataclass(slots=True)
+class StepTotals:
+    """An executor's IterationStats added up since start (a benchmark diffs them around a run)."""
+
+    steps: int = 0
+    decode_steps: int = 0  # iterations with a decode batch
+    spec_steps: int = 0  # decode iterations in which some request drafted
+    sums: IterationStats = field(default_factory=IterationStats)  # SUMMED_STATS and DECODE_STATS summed
+
+    def add(self, st: IterationStats) -> None:
+        self.steps += 1
+        names = SUMMED_STATS + DECODE_STATS if st.decode_batch else SUMMED_STATS
+        for name in names:
+            setattr(self.sums, name, getattr(self.sums, name) + getattr(st, name))
+        if st.decode_batch:
+            self.decode_steps += 1
+            self.spec_steps += int(len(st.k) > 0 and max(st.k) > 0)
+
+
 @runtime_checkable
 class Executor(Protocol):
     """A data plane the controller can drive (DESIGN.md section 3)."""

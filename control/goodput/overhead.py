@@ -4,9 +4,8 @@ A step costs more than its draft and verify passes: the policy's decision, the e
 bookkeeping per request (acceptance, KV roll-back, detokenisation), and, in a server, handing each
 request's new tokens to its client before the next step starts. The profile times forward passes
 only, so none of this is in it. Most of it is paid per request per step, which is exactly what a
-longer draft saves: on the live CPU server delivering a step's outputs alone cost about 0.5 ms per
-request-step. Without it the cost model undervalues the steps that longer drafts save, and at
-batch 5-8 it preferred k = 2 where k = 3 served the same load in less time.
+longer draft saves: without it the cost model undervalues the steps that longer drafts save
+(docs/decisions.md, 2026-11-23).
 
 ``LoopOverhead`` fits overhead_ms = per_step + per_request * n by weighted least squares with
 exponential forgetting, on plain floats (it runs every step). The policy adds ``per_step`` to the

@@ -345,8 +345,8 @@ class AdaptivePolicy(BasePolicy):
     def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray) -> None:
         """Remember the draft model that drafted for most requests this step: new requests prefill its
         state. The executor prefills its default drafter otherwise, and when the bandit prefers another
-        one every new request pays a catch-up of its whole prompt there (on the live CPU server, with
-        draft-tiny preferred over the default draft-small, that was half of adaptive's draft time)."""
+        one every new request pays a catch-up of its whole prompt there (docs/decisions.md,
+        2026-11-22)."""
         ran = d_ctx[(k > 0) & (d_ctx >= 0)]
         if ran.size:
             used = np.bincount(ran, minlength=self._is_model.size) * self._is_model
@@ -377,10 +377,9 @@ class AdaptivePolicy(BasePolicy):
 
         Each draft model in a step runs its own sequence of k draft passes, each with its fixed
         per-pass cost: two models in one batch pay both. The bandit scores drafters per request from
-        per-request goodput, which does not see that shared cost, and on the live CPU server mixed
-        steps (draft-small + draft-tiny) made adaptive's time per output token 1.5x fixed k's at
-        load 0.8 while adaptive on draft-small alone matched fixed k. Drafters without a model (n-gram
-        lookup) cost per request, not per pass, and mix freely. The bandit still learns from what ran.
+        per-request goodput, which does not see that shared cost (docs/decisions.md, 2026-11-22).
+        Drafters without a model (n-gram lookup) cost per request, not per pass, and mix freely. The
+        bandit still learns from what ran.
         """
         if not self._consolidate or d_ctx.size < 2:
             return d_ctx
@@ -436,8 +435,7 @@ class AdaptivePolicy(BasePolicy):
         spread over the steps an explored request stays there (a chunk, or what is left of the request).
 
         A draft model keeps state per request, so moving a request to one it has not run on recomputes
-        its whole context there. Posterior draws ignore that, and on the live CPU server the bandit
-        explored the default's rival mid-request at that price for little it could learn."""
+        its whole context there. Posterior draws ignore that price (docs/decisions.md, 2026-11-22)."""
         lag = view.draft_lag
         if not lag.any() or self.bandit is None:
             return None
@@ -476,14 +474,12 @@ class AdaptivePolicy(BasePolicy):
         An accepted token shortens its request's stay by 1 / pace steps, pace being the tokens the
         request makes per step. Each step it stays costs every request in the batch the step's time
         (its latency) and the machine its own KV read (a * ctx), its verify token (b) and a share of
-        the pass's fixed cost. So a token is worth own / pace: more for a long-context request (the
-        plain ratio (n + sum p) / T under-drafts long contexts, the simulator's Mooncake runs in
-        docs/sim-results.md), and more for a request whose drafts are often rejected, whose next
-        token saves a whole step, than for one already making four tokens a step, whose next token
-        saves a quarter of one. The plain ratio counts tokens alike and so gives its drafts to the
-        fast requests and leaves the slow ones in the batch for many steps: on the live CPU server
-        adaptive made 6% more request-steps than fixed k = 3 for the same tokens, and mean latency
-        follows request-steps. Pace is each request's expected tokens per step at the k it was given,
+        the pass's fixed cost. So a token is worth own / pace: more for a long-context request, and
+        more for a request whose drafts are often rejected, whose next token saves a whole step, than
+        for one already making four tokens a step, whose next token saves a quarter of one. The plain
+        ratio (n + sum p) / T counts tokens alike, so it under-drafts long contexts and gives its
+        drafts to the fast requests, leaving the slow ones in the batch for many steps; mean latency
+        follows request-steps (docs/decisions.md, 2026-11-23). Pace is each request's expected tokens per step at the k it was given,
         smoothed over its steps (``_note_pace``, here ``pace``, finite where ``known``, or everywhere
         where it is True); a request not yet decided on takes the batch mean.
         """
@@ -563,13 +559,11 @@ class AdaptivePolicy(BasePolicy):
 
         A drafter that drafts fewer than k on its own (an n-gram lookup without a long enough match)
         delivers nothing at the positions it skipped: for the optimiser, which asks for k, that is a
-        rejection there. Counting only what was drafted made n-gram's per-position rates those of
-        its long matches, and on the live CPU server adaptive drifted to n-gram with k up to 8 while
-        its realised acceptance fell to 0.4 (predicted 5.0 accepted tokens at k = 8, realised 1.8).
+        rejection there; counting only what was drafted would give it the rates of its long matches.
         A lookup that found nothing is no trial: it drafted and verified nothing, so the step was
-        plain decoding for that request at the lookup's cost alone. Counted as a rejection, it made
-        n-gram look worst at the start of every request (no earlier text to match yet) and steered
-        the drafter bandit away from it for the whole run. Stops the policy asked for (a confidence
+        plain decoding for that request at the lookup's cost alone; as a rejection it would make
+        n-gram look worst at the start of every request, when there is no earlier text to match
+        (docs/decisions.md, 2026-11-22 and 2026-11-25). Stops the policy asked for (a confidence
         cut) are not rejections. (``uniform``: one drafter for the whole step.)"""
         v = outcome.verified
         if uniform and d_ctx[0] >= 0 and self.ctx.confidences[d_ctx[0]]:

@@ -16,7 +16,7 @@ below is re-drawn at once instead of at the chunk's end. The adaptive policy set
 posterior probability of being the best (Thompson sampling on acceptance through the cost model),
 so a drafter that the profile and the outcomes so far make clearly worse is not tried for whole
 chunks of steps: SPIN assumes no prior, and uniform exploration of a dominated drafter costs more
-than it can teach (on a short run at batch 1 it was the whole run).
+than it can teach (docs/decisions.md, 2026-11-22).
 """
 
 from __future__ import annotations

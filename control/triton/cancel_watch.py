@@ -1,9 +1,8 @@
 """Which in-flight requests the engine loop asks about cancellation before a step.
 
 Asking a Triton response sender ``is_cancelled()`` is a round trip to the server process (tens of
-microseconds). Asking every request in flight before every step made the loop's own work per step
-grow with the queue: on the live CPU server 2.7 / 7.5 / 31.6 ms at 32 / 200 / 1,000 requests in
-flight. ``CancelWatch`` asks a fixed number per step instead: ``running_per_step`` of the requests
+microseconds): asking every request in flight before every step would make the loop's own work
+per step grow with the queue (docs/decisions.md, 2026-11-24). ``CancelWatch`` asks a fixed number per step instead: ``running_per_step`` of the requests
 that ran in the last step, in turn (a cancelled one stops costing compute within
 batch / running_per_step steps), and ``queued_per_step`` of the others, in turn (a queued request
 costs nothing until admitted; when admitted it becomes a running one). A request whose client went

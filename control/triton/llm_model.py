@@ -191,19 +191,10 @@ class LlmModel(ResponseSender):
                 continue
             st = engine.last_stats
             c = self.counters
-            c.steps += 1
-            c.busy_ms += st.total_ms
-            c.policy_ms += st.policy_ms
-            c.prefill_ms += st.prefill_ms
-            c.draft_ms += st.draft_ms
-            c.verify_ms += st.verify_ms
+            c.totals.add(st)
             c.generated += st.generated
             if st.decode_batch:
                 k = np.asarray(st.k, dtype=np.int64)
-                c.decode_steps += 1
-                c.spec_steps += int(k.size and k.max() > 0)
-                c.step_verified += st.verified
-                c.step_accepted += st.accepted
                 self._k_hist += np.bincount(np.clip(k, 0, K_BUCKETS - 1), minlength=K_BUCKETS)
             self._last_k = list(st.k)
             t = time.perf_counter()
@@ -287,18 +278,20 @@ class LlmModel(ResponseSender):
     def stats(self) -> dict[str, Any]:
         e = self.engine
         c = self.counters
+        t = c.totals
         st = e.last_stats
         doc = {
             "instance": self.instance, "engine": Path(self.params.engine_dir).name,
             "kv_slots": e.max_batch, "kv_slots_in_use": e.running, "free_kv_tokens": e.free_kv_slots,
             "active_requests": len(self.live), "waiting": st.waiting,
             "requests": c.requests, "rejected": c.rejected, "completed": c.completed, "cancelled": c.cancelled,
-            "failed": c.failed, "steps": c.steps, "step_errors": c.step_errors, "send_errors": c.send_errors,
+            "failed": c.failed, "steps": t.steps, "step_errors": c.step_errors, "send_errors": c.send_errors,
             "drafted": c.drafted, "accepted": c.accepted, "last_k": self._last_k, "last_error": c.last_error,
-            "busy_ms": round(c.busy_ms, 3), "policy_ms": round(c.policy_ms, 3), "prefill_ms": round(c.prefill_ms, 3),
-            "draft_ms": round(c.draft_ms, 3), "verify_ms": round(c.verify_ms, 3), "deliver_ms": round(c.deliver_ms, 3),
-            "decode_steps": c.decode_steps, "spec_steps": c.spec_steps,
-            "step_verified": c.step_verified, "step_accepted": c.step_accepted, "generated": c.generated,
+            "busy_ms": round(t.sums.total_ms, 3), "policy_ms": round(t.sums.policy_ms, 3),
+            "prefill_ms": round(t.sums.prefill_ms, 3), "draft_ms": round(t.sums.draft_ms, 3),
+            "verify_ms": round(t.sums.verify_ms, 3), "deliver_ms": round(c.deliver_ms, 3),
+            "decode_steps": t.decode_steps, "spec_steps": t.spec_steps,
+            "step_verified": t.sums.verified, "step_accepted": t.sums.accepted, "generated": c.generated,
             "k_hist": self._k_hist.tolist(),
             "policy": self.current_policy(),
         }

@@ -48,7 +48,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ from control.triton.llm_request import (
     GenerateRequest,
     Limits,
 )
-from control.triton.sender import Detokenizer, ResponseSender
+from control.triton.sender import Detokenizer, LiveRequest, RequestCounters, ResponseSender
 
 log = logging.getLogger("specctl.triton.llmapi")
 
@@ -137,38 +137,22 @@ def check_request(req: GenerateRequest, vocab: int | None, max_len: int | None) 
 
 
 @dataclass(eq=False)
-class _Live:
+class _Live(LiveRequest):
     """One request in flight on the loop."""
 
-    rid: int
-    sender: Any
     req: GenerateRequest
     detok: Detokenizer
     handle: Any = None  # LlmApiStream once submitted
     task: asyncio.Task | None = None
     cancelled: bool = False
     ended: bool = False
-    text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
 
 
 @dataclass
-class _Counters:
-    requests: int = 0
-    rejected: int = 0
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    send_errors: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    generated: int = 0
+class _Counters(RequestCounters):
     aborted: int = 0  # requests aborted in TensorRT-LLM (cancelled by their client, or it went away)
     uncapped: int = 0  # requests with num_draft_tokens the static schedule cannot apply
     metrics_to_agent: int = 0
-    last_error: str = ""
 
 
 class LlmApiModel(ResponseSender):

@@ -9,12 +9,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from control.errors import ConfigError
+from control.executors.base import StepTotals
 from control.triton.llm_metrics import LlmMetrics
 from control.triton.llm_request import (
     ACCEPTED_OUTPUTS,
@@ -165,11 +166,23 @@ class Detokenizer:
 
 
 @dataclass(eq=False)
-class Live:
-    """One in-flight request: its sender and what has been sent."""
+class LiveRequest:
+    """What every Triton model host keeps per in-flight request: its sender and what has been sent
+    (``ResponseSender._outputs`` reads ``drafted`` and ``accepted``)."""
 
     rid: int
     sender: Any
+    _: KW_ONLY
+    text: list[str] = field(default_factory=list)  # text deltas sent so far
+    ids: list[int] = field(default_factory=list)  # token ids sent so far
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(eq=False)
+class Live(LiveRequest):
+    """One in-flight request of the reference engine host."""
+
     stream: bool
     detok: Detokenizer
     started: float
@@ -177,39 +190,32 @@ class Live:
     arrival_ns: int = 0  # wall clock, for return_perf_metrics
     first_token_ns: int = 0
     first_token_s: float = 0.0  # monotonic
-    text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
 
 
 @dataclass
-class Counters:
+class RequestCounters:
+    """Request outcomes and draft totals every Triton model host counts (``ResponseSender`` counts
+    ``rejected`` and ``send_errors``)."""
+
     requests: int = 0
     rejected: int = 0
     completed: int = 0
     cancelled: int = 0
     failed: int = 0
-    steps: int = 0
-    step_errors: int = 0
     send_errors: int = 0
     drafted: int = 0
     accepted: int = 0
-    last_error: str = ""
-    # Per-step totals since start (the benchmark diffs them around a run).
-    busy_ms: float = 0.0
-    decode_steps: int = 0
-    spec_steps: int = 0
-    step_verified: int = 0
-    step_accepted: int = 0
     generated: int = 0
-    # Where the busy time went (ms): the policy (decide + prune + observe), prompt prefill, draft
-    # and verify passes, and the loop's own time delivering each step's outputs to the senders.
-    policy_ms: float = 0.0
-    prefill_ms: float = 0.0
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
-    deliver_ms: float = 0.0
+    last_error: str = ""
+
+
+@dataclass
+class Counters(RequestCounters):
+    """The reference engine host's counters: requests, plus its steps."""
+
+    step_errors: int = 0
+    totals: StepTotals = field(default_factory=StepTotals)  # the engine's steps, added up
+    deliver_ms: float = 0.0  # the loop's own time delivering each step's outputs to the senders
 
 
 class ResponseSender:

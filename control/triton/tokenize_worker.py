@@ -1,8 +1,7 @@
 """Large prompts are tokenised on a thread of their own, off Triton's ``execute()``.
 
 Triton calls a model instance's ``execute()`` for one request after another: a prompt tokenised there
-holds up every request behind it (three prompts of 10 MB once delayed a 32-token request from 0.04 s
-to 21.6 s). ``execute()`` checks a prompt's size, tokenises prompts up to ``INLINE_PROMPT_BYTES``
+holds up every request behind it (docs/decisions.md, 2026-11-25). ``execute()`` checks a prompt's size, tokenises prompts up to ``INLINE_PROMPT_BYTES``
 itself (well under a millisecond) and hands larger ones to ``TokenizeWorker``, whose thread runs
 the jobs in arrival order; the tokenizer releases the GIL, so the engine loop keeps stepping meanwhile.
 """

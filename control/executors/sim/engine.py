@@ -29,6 +29,11 @@ sum (k + 1) tokens plus any prefill tokens, where an engine that verifies by bat
 token as well; drafts: one pass per draft depth), optionally multiplied
 by lognormal noise whose spread is the fit's mean absolute error. Acceptance comes from
 ``AcceptanceProcess``; with a fixed seed the whole run is deterministic.
+
+A run's state is a few small objects (``state.py``: the slot table, the KV ledger, the clock, the
+tallies) that ``SimEngine``'s methods advance: ``_admit``, then a ``_prefill_iteration`` or a
+``_decode_iteration`` (view, clamp, draft, prune, accept, chunks, step time, commit, observe), then
+``_retire``.
 """
 
 from __future__ import annotations
@@ -40,13 +45,16 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.executors.sim.acceptance import AcceptanceProcess
+from control.executors.sim.state import BATCH_BUCKETS, I64, Clock, KvLedger, SlotTable, Tally
 from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 from control.goodput.stepcost import StepCostModel
 from control.policy.simple import NonePolicy
 from control.policy.types import Decision, StepOutcome, StepView
 
-I64 = np.int64
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1 << 30)
+__all__ = ["BATCH_BUCKETS", "MAX_K", "SimConfig", "SimEngine", "SimResult"]
+
+MAX_K = 16  # the largest SimConfig.max_k
+NOISE_STREAM = 23  # the step-time noise generator is seeded with (seed, NOISE_STREAM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +76,8 @@ class SimConfig:
         for name in ("max_batch", "kv_tokens", "token_budget"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"sim {name} = {getattr(self, name)!r}: must be >= 1")
-        if not 0 <= self.max_k <= 16:
-            raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..16")
+        if not 0 <= self.max_k <= MAX_K:
+            raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..{MAX_K}")
         if not (math.isfinite(self.host_token_ms) and self.host_token_ms >= 0):
             raise ConfigError(f"sim host_token_ms = {self.host_token_ms!r}: must be a finite number >= 0")
 
@@ -93,13 +101,63 @@ class SimResult:
     accepted: int = 0
     decode_tokens: int = 0
     request_steps: int = 0
-    k_hist: np.ndarray = field(default_factory=lambda: np.zeros(17, dtype=I64))
+    k_hist: np.ndarray = field(default_factory=lambda: np.zeros(MAX_K + 1, dtype=I64))  # request-steps by k
     # decode steps by batch-size bucket (upper edges BATCH_BUCKETS): steps, request-steps, sum of k
     batch_steps: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
     batch_requests: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
     batch_k: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=I64))
     series: dict[str, np.ndarray] = field(default_factory=dict)
     policy: str = ""
+
+
+@dataclass
+class _Run:
+    """One run's state: what ``SimEngine.run``'s methods read and advance."""
+
+    policy: object
+    total: int  # N requests
+    res: SimResult
+    first: np.ndarray  # (N,) first-token time per request
+    finish: np.ndarray  # (N,) finish time per request
+    slots: SlotTable
+    kv: KvLedger
+    clock: Clock
+    tally: Tally
+    has_prune: bool
+    fast_plain: bool  # ``none`` without noise or padding: plain stretches run in closed form
+    zeros: np.ndarray  # (S,) shared zeros (never written)
+    ones: np.ndarray  # (S,) shared ones (never written)
+    k_cap: np.ndarray  # (S,) max_k for every slot (StepView.k_cap)
+    pmask: np.ndarray | None = None  # (m,) drafters that prefill new prompts (latest decision)
+    next: int = 0  # the next request to admit
+    done: int = 0  # requests finished
+    waiting: int = 0  # requests arrived but not admitted
+
+
+@dataclass
+class _Spec:
+    """One decode step's speculation, each array (n,) over the step's decoding requests."""
+
+    k: np.ndarray | None = None  # draft length after clamping
+    drafter: np.ndarray | None = None
+    ksum: int = 0
+    drafted: np.ndarray | None = None
+    lead: np.ndarray | None = None  # accepted run each draft would realise if fully verified
+    verified: np.ndarray | None = None
+    accepted: np.ndarray | None = None
+    gen_step: np.ndarray | None = None  # tokens generated this step (accepted + 1, within remaining)
+    vsum: int = 0
+    confidence: np.ndarray | None = None  # (n, max(max_k, 1)) draft confidences, NaN past the draft
+    t_draft: float = 0.0
+    draft_passes: int = 0
+    draft_ctx_tokens: int = 0
+    draft_batched_tokens: int = 0
+
+    @classmethod
+    def empty(cls, zeros: np.ndarray, n: int = 0, ones: np.ndarray | None = None) -> _Spec:
+        """No speculation for n requests: one token each (none at all for n = 0)."""
+        z = zeros[:n]
+        return cls(k=z, drafter=z, drafted=z, verified=z, accepted=z, gen_step=zeros[:0] if ones is None else ones[:n])
 
 
 class SimEngine:
@@ -141,12 +199,12 @@ class SimEngine:
         self._sigma_t = math.sqrt(math.pi / 2) * mape.get("target", cost.target.mape) / 100.0
         self._sigma_d = [math.sqrt(math.pi / 2) * (d.model.mape if d.model is not None else 0.0) / 100.0
                          for d in cost.drafters]
-        self._slot_s = None  # set during run, used by peek
+        self._slots: SlotTable | None = None  # the running run's slots, read by peek
 
     # -- oracle support ------------------------------------------------------------------------------
     def peek(self, view: StepView) -> np.ndarray:
         """(n, m) accepted-run length each request would realise this step under each drafter."""
-        pos = self._slot_gen[view.slots]
+        pos = self._slots.gen[view.slots]
         return self.proc.leading_all(view.request_ids, pos)
 
     def peek_survival(self, view: StepView) -> np.ndarray:
@@ -164,310 +222,314 @@ class SimEngine:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, policy) -> SimResult:
+        r = self._start(policy)
+        while r.done < r.total:
+            self._admit(r)
+            r.slots.refresh()
+            if not self.cfg.chunked_prefill and r.slots.pending.size:
+                self._prefill_iteration(r)
+            elif r.slots.dec.size or r.slots.pending.size:
+                self._decode_iteration(r)
+            # else: nothing admitted yet (the clock jumps to the next arrival)
+        r.res.k_hist = r.tally.k_hist
+        if self.cfg.record_series:
+            r.res.series = r.tally.series_arrays()
+        return r.res
+
+    def _start(self, policy) -> _Run:
         cfg = self.cfg
         N = self.arr.shape[0]
         S = cfg.max_batch
-        m = len(self.drafters)
-        K = cfg.max_k
-        Kc = max(K, 1)
-        cost = self.cost
-        tgt = cost.target
-        self._rng = np.random.default_rng([cfg.seed, 23])
-        has_prune = callable(getattr(policy, "prune", None))
-        ff_plain = isinstance(policy, NonePolicy) and not cfg.noise and not cfg.verify.always
-        zeros_n = np.zeros(S, dtype=I64)
-        ones_n = np.ones(S, dtype=I64)
-
-        s_rid = np.full(S, -1, dtype=I64)
-        s_ctx = np.zeros(S, dtype=I64)
-        s_gen = np.zeros(S, dtype=I64)
-        s_pref = np.zeros(S, dtype=I64)
-        s_seq = np.zeros(S, dtype=I64)
-        s_lag = np.zeros((S, max(m, 1)), dtype=I64)
-        s_last = np.full(S, -1, dtype=I64)
-        active = np.zeros(S, dtype=bool)
-        decoding = np.zeros(S, dtype=bool)
-        self._slot_gen = s_gen
-        self._rid_ref = s_rid
-        free = list(range(S - 1, -1, -1))
-        kv_reserved = 0
-        kv_used = 0
-        nxt = 0
-        seq = 0
-        done = 0
-        now = 0.0
+        self._rng = np.random.default_rng([cfg.seed, NOISE_STREAM])
         first = np.full(N, np.nan)
         finish = np.full(N, np.nan)
         res = SimResult(self.arr, first, finish, self.P, self.O, policy=getattr(policy, "name", type(policy).__name__))
-        k_hist = np.zeros(Kc + 1, dtype=I64)
-        ser_t, ser_n, ser_k, ser_acc, ser_ver = [], [], [], [], []
-        bucket_of = np.searchsorted(BATCH_BUCKETS, np.arange(S + 1), side="left")
-        b_steps, b_req, b_k = res.batch_steps, res.batch_requests, res.batch_k
-        drafters = self.drafters
-        kcap_full = np.full(S, K, dtype=I64)
-        cat = self.cat
-        O, P = self.O, self.P  # noqa: E741 - output and prompt lengths
-        step = 0
+        r = _Run(
+            policy=policy, total=N, res=res, first=first, finish=finish,
+            slots=SlotTable(S, len(self.drafters), self.cat), kv=KvLedger(cfg.kv_tokens), clock=Clock(),
+            tally=Tally(max(cfg.max_k, 1), S, cfg.record_series),
+            has_prune=callable(getattr(policy, "prune", None)),
+            fast_plain=isinstance(policy, NonePolicy) and not cfg.noise and not cfg.verify.always,
+            zeros=np.zeros(S, dtype=I64), ones=np.ones(S, dtype=I64), k_cap=np.full(S, cfg.max_k, dtype=I64),
+        )
+        self._slots = r.slots
+        init = policy.decide(self._empty_view(cfg.max_k, cfg, 0.0, 0, N))
+        r.pmask = self._prefill_mask(init)
+        return r
 
-        init = policy.decide(self._empty_view(K, cfg, now, 0, N - nxt))
-        pmask = self._prefill_mask(init)
-        dirty = True  # batch membership changed: recompute the index arrays
-        pending = dec = rid_all = cat_dec = zeros_n[:0]
+    def _admit(self, r: _Run) -> None:
+        """First come, first served while a slot is free and the KV cache can reserve prompt + output."""
+        if not r.slots.active.any() and r.next < r.total and self.arr[r.next] > r.clock.now:
+            r.clock.now = float(self.arr[r.next])
+        while r.next < r.total and self.arr[r.next] <= r.clock.now and r.slots.free:
+            need = int(self.P[r.next] + self.O[r.next])
+            if not r.kv.fits(need):
+                break
+            r.slots.admit(r.next)
+            r.kv.reserved += need
+            r.next += 1
+        r.waiting = int(np.searchsorted(self.arr, r.clock.now, side="right")) - r.next
 
-        while done < N:
-            # -- admission ---------------------------------------------------------------------------
-            if not active.any() and nxt < N and self.arr[nxt] > now:
-                now = float(self.arr[nxt])
-            while nxt < N and self.arr[nxt] <= now and free:
-                need = int(P[nxt] + O[nxt])
-                if kv_reserved + need > cfg.kv_tokens:
-                    break
-                s = free.pop()
-                s_rid[s], s_ctx[s], s_gen[s], s_pref[s], s_seq[s], s_last[s] = nxt, 0, 0, 0, seq, -1
-                s_lag[s] = 0
-                active[s] = True
-                kv_reserved += need
-                seq += 1
-                nxt += 1
-                dirty = True
-            waiting = int(np.searchsorted(self.arr, now, side="right")) - nxt
-            if dirty:
-                pending = np.flatnonzero(active & ~decoding)
-                if pending.size > 1:
-                    pending = pending[np.argsort(s_seq[pending], kind="stable")]
-                dec = np.flatnonzero(decoding)
-                rid_all = s_rid[dec]
-                cat_dec = None if cat is None else cat[rid_all]
-                dirty = False
-            n = dec.size
+    def _prefill_iteration(self, r: _Run) -> None:
+        """One target pass over the oldest pending prompts up to the token budget (at least one prompt);
+        samples each prompt's first token."""
+        cfg, sl, cost = self.cfg, r.slots, self.cost
+        pending = sl.pending
+        lens = self.P[sl.rid[pending]] - sl.pref[pending]  # (p,) prompt tokens left
+        take = int(np.searchsorted(np.cumsum(lens), cfg.token_budget, side="right"))
+        take = max(take, 1)
+        chosen, clen = pending[:take], lens[:take]
+        tok = int(clen.sum())
+        t = self._noisy(cost.target.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
+        t += cfg.host_token_ms * chosen.size  # each prompt's first token
+        t += self._draft_prefill_ms(0.0, tok, r.pmask, int(chosen.size))
+        r.clock.now += t / 1000.0
+        r.res.busy_s += t / 1000.0
+        r.res.steps += 1
+        r.clock.step += 1
+        self._finish_prefill(r, chosen, clen)
+        r.kv.used += tok + int(chosen.size)
+        self._retire(r, chosen)
 
-            if not cfg.chunked_prefill and pending.size:
-                # -- prefill iteration ---------------------------------------------------------------
-                lens = P[s_rid[pending]] - s_pref[pending]
-                take = int(np.searchsorted(np.cumsum(lens), cfg.token_budget, side="right"))
-                take = max(take, 1)
-                chosen, clen = pending[:take], lens[:take]
-                tok = int(clen.sum())
-                t = self._noisy(tgt.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
-                t += cfg.host_token_ms * chosen.size  # each prompt's first token
-                t += self._draft_prefill_ms(0.0, tok, pmask, int(chosen.size))
-                now += t / 1000.0
-                res.busy_s += t / 1000.0
-                res.steps += 1
-                step += 1
-                self._finish_prefill(chosen, clen, pmask, s_pref, s_gen, s_ctx, s_lag, decoding, first, now)
-                kv_used += tok + int(chosen.size)
-                dirty = True
-                done, kv_reserved, kv_used = self._retire(chosen, s_rid, s_gen, s_ctx, active, decoding, free, finish,
-                                                          now, done, kv_reserved, kv_used)
-                continue
+    def _decode_iteration(self, r: _Run) -> None:
+        """A decode step for every decoding request (with prompt chunks when chunked prefill is on)."""
+        sl = r.slots
+        dec, rid = sl.dec, sl.rid_dec
+        n = dec.size
+        ctx = sl.ctx[dec]  # (n,)
+        gen0 = sl.gen[dec]  # (n,) tokens generated before this step
+        rem = self.O[rid] - gen0  # (n,) tokens still to generate
+        if n and r.fast_plain and not sl.pending.size:
+            # ``none`` never drafts and learns nothing: jump to the next event in one go.
+            self._fast_forward(r, dec, ctx, rem)
+            return
+        view = self._view(r, dec, rid, ctx, rem)
+        decision: Decision = r.policy.decide(view)
+        r.pmask = self._prefill_mask(decision)
+        sp = self._speculate(r, view, decision, gen0) if n else _Spec.empty(r.zeros)
+        chunks, chunk_len, chunk_prior = self._take_chunks(r, n + sp.vsum)
+        ch_tok = int(chunk_len.sum())
+        t_verify = self._verify_ms(r, ctx, sp, chunk_prior, ch_tok, chunks.size)
+        t_pref_draft = self._chunk_prefill_ms(r, chunks, chunk_len, chunk_prior, ch_tok)
+        t_total = sp.t_draft + t_verify + t_pref_draft
+        r.clock.now += t_total / 1000.0
+        r.res.busy_s += t_total / 1000.0
+        r.res.steps += 1
+        r.clock.step += 1
+        finished = self._commit_decode(r, dec, rid, sp, sp.t_draft + t_verify) if n else r.zeros[:0]
+        if ch_tok:
+            self._commit_chunks(r, chunks, chunk_len)
+        if n:
+            self._observe(r, view, sp, finished, t_verify, t_total, ch_tok, chunk_prior)
+        retire = dec if finished.size else r.zeros[:0]
+        if ch_tok:
+            retire = np.concatenate([retire, chunks])
+        self._retire(r, retire)
 
-            if n == 0 and pending.size == 0:
-                continue  # nothing admitted yet (the clock jumps to the next arrival)
+    # -- pieces of a decode step ----------------------------------------------------------------------
+    def _view(self, r: _Run, dec, rid, ctx, rem) -> StepView:
+        cfg, sl = self.cfg, r.slots
+        n = dec.size
+        pending = sl.pending
+        pend_tokens = int((self.P[sl.rid[pending]] - sl.pref[pending]).sum()) if pending.size else 0
+        return StepView(
+            slots=dec, request_ids=rid, ctx_lens=ctx, remaining=rem, k_cap=r.k_cap[:n],
+            drafter=sl.last[dec], draft_lag=sl.lag[dec] if self.drafters else np.zeros((n, 1), dtype=I64),
+            free_kv_slots=r.kv.free, token_budget=cfg.token_budget, max_k=cfg.max_k,
+            drafters=self.drafters, now=r.clock.now, step=r.clock.step,
+            category=sl.cat_dec,
+            prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=r.waiting, verify=cfg.verify,
+        )
 
-            # -- decode step (with prefill chunks when chunked) --------------------------------------
-            rid = rid_all
-            ctx = s_ctx[dec]
-            gen0 = s_gen[dec]
-            rem = O[rid] - gen0
-            if n and ff_plain and not pending.size:
-                # ``none`` never drafts and learns nothing: jump to the next event in one go.
-                dirty = True
-                now, done, kv_reserved, kv_used, step = self._fast_forward(
-                    dec, rid, ctx, rem, now, nxt, s_gen, s_ctx, s_lag, s_rid, active, decoding, free, finish, done,
-                    kv_reserved, kv_used, step, res, k_hist, (ser_t, ser_n, ser_k, ser_acc, ser_ver))
-                continue
-            pend_tokens = int((P[s_rid[pending]] - s_pref[pending]).sum()) if pending.size else 0
-            view = StepView(
-                slots=dec, request_ids=rid, ctx_lens=ctx, remaining=rem, k_cap=kcap_full[:n],
-                drafter=s_last[dec], draft_lag=s_lag[dec] if m else np.zeros((n, 1), dtype=I64),
-                free_kv_slots=int(cfg.kv_tokens - kv_used), token_budget=cfg.token_budget, max_k=K,
-                drafters=drafters, now=now, step=step,
-                category=cat_dec,
-                prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=waiting, verify=cfg.verify,
-            )
-            decision: Decision = policy.decide(view)
-            pmask = self._prefill_mask(decision)
-            t_draft = 0.0
-            draft_passes = draft_ctx_tok = draft_b_tok = 0
-            conf_full = None
-            if n:
-                k = np.minimum(np.asarray(decision.k, dtype=I64), rem - 1)
-                np.clip(k, 0, K, out=k)
-                ksum = int(k.sum())
-                if ksum > min(cfg.token_budget - n, cfg.kv_tokens - kv_used):
-                    k = self._fit_budget(k, n, cfg.token_budget, cfg.kv_tokens - kv_used)
-                    ksum = int(k.sum())
-                dr = np.asarray(decision.drafter, dtype=I64)
-                if m > 1:
-                    dr = np.clip(dr, 0, m - 1)
-                else:
-                    dr = zeros_n[:n]
-                if ksum:
-                    spec = k > 0
-                    drafted = np.zeros(n, dtype=I64)
-                    lead = np.zeros(n, dtype=I64)
-                    cut = decision.conf_cut
-                    if m == 1:
-                        groups = (0,)
-                    else:
-                        ds = dr[spec]
-                        groups = (int(ds[0]),) if (ds == ds[0]).all() else tuple(int(x) for x in np.unique(ds))
-                    for d in groups:
-                        sel = np.flatnonzero(spec) if len(groups) == 1 else np.flatnonzero(spec & (dr == d))
-                        ks = k[sel]
-                        k_asked = ks
-                        if self._limit is not None:
-                            ks = np.minimum(ks, self._limit(rid[sel], gen0[sel], d))
-                        kmx = int(ks.max())
-                        acc_d, conf_d = self.proc.draw(rid[sel], gen0[sel], d, kmx)
-                        if conf_d is not None and cut is not None:
-                            run = np.cumprod(conf_d, axis=1)
-                            ok = np.cumprod(run >= np.asarray(cut, dtype=np.float64)[sel][:, None], axis=1).sum(axis=1)
-                            # drafting stops after the token whose running confidence fell below the
-                            # cut; that token is drafted already (its pass is paid) and stays, for
-                            # ``prune`` to drop if verifying it does not pay
-                            dsel = psel = np.minimum(ks, ok + 1)
-                        else:
-                            dsel, psel = ks, ks
-                        drafted[sel] = dsel
-                        lead[sel] = np.cumprod(acc_d, axis=1).sum(axis=1)
-                        if conf_d is not None:
-                            if conf_full is None:
-                                conf_full = np.full((n, Kc), np.nan)
-                            conf_full[sel, :kmx] = np.where(self._jidx[:kmx][None, :] < dsel[:, None], conf_d, np.nan)
-                        lag = s_lag[dec[sel], d]
-                        # a lookup that finds nothing still pays for looking
-                        td, fc, fb, fp = self._draft_cost(d, ctx[sel], psel if self._stateful[d] else k_asked, lag)
-                        t_draft += self._noisy(td, self._sigma_d[d])
-                        draft_ctx_tok += fc
-                        draft_b_tok += fb
-                        draft_passes += fp
-                    verified = drafted
-                    if has_prune:
-                        pv = policy.prune(view, decision, drafted, conf_full)
-                        verified = np.clip(np.asarray(pv, dtype=I64), 0, drafted)
-                    accepted = np.minimum(lead, verified)
-                    res.spec_steps += 1
-                    gen_step = np.minimum(accepted + 1, rem)
-                    vsum = int(verified.sum())
-                else:
-                    drafted = verified = accepted = zeros_n[:n]
-                    gen_step = ones_n[:n]
-                    vsum = 0
-                k_hist += np.bincount(k, minlength=Kc + 1)[: Kc + 1]
-            else:
-                k = drafted = verified = accepted = gen_step = zeros_n[:0]
-                dr = zeros_n[:0]
-                ksum = vsum = 0
-            # prefill chunks (chunked mode) share the verify pass
-            chunk_slots = np.zeros(0, dtype=I64)
-            chunk_len = np.zeros(0, dtype=I64)
-            chunk_prior = 0
-            if cfg.chunked_prefill and pending.size:
-                left = cfg.token_budget - (n + vsum)
-                if left > 0 or n == 0:
-                    lens = P[s_rid[pending]] - s_pref[pending]
-                    cs = np.cumsum(lens)
-                    left = max(left, 1)
-                    take = int(np.searchsorted(cs, left, side="left")) + 1
-                    take = min(take, pending.size)
-                    chunk_slots = pending[:take]
-                    chunk_len = lens[:take].copy()
-                    over = int(cs[take - 1] - left)
-                    if over > 0:
-                        chunk_len[-1] -= over
-                    chunk_prior = int(s_pref[chunk_slots].sum())
-            ch_tok = int(chunk_len.sum())
-            v_ctx = float(ctx.sum()) + chunk_prior
-            v_seqs = n + chunk_slots.size
-            if cfg.verify_expansion and vsum:
-                # each verified token is its own sequence over the request's KV up to its position
-                v_ctx += float((verified * ctx).sum() + (verified * (verified + 1)).sum() / 2)
-                v_seqs += vsum
-            v_tok = n + vsum if cfg.verify.per_request else int(cfg.verify.verified_tokens(k).sum())
-            t_verify = tgt.predict(v_ctx, float(v_tok + ch_tok), 1, v_seqs) + cost.overhead_ms
-            if n:
-                t_verify += cfg.host_token_ms * float(gen_step.sum())
-            t_verify = self._noisy(t_verify, self._sigma_t)
-            t_pref_draft = (self._draft_prefill_ms(float(chunk_prior), ch_tok, pmask, int(chunk_slots.size))
-                            if ch_tok else 0.0)
-            if ch_tok and cfg.host_token_ms:
-                # prompts whose last chunk is in this pass emit their first token
-                done_now = int((s_pref[chunk_slots] + chunk_len >= P[s_rid[chunk_slots]]).sum())
-                t_pref_draft += cfg.host_token_ms * done_now
-            t_total = t_draft + t_verify + t_pref_draft
-            now += t_total / 1000.0
-            res.busy_s += t_total / 1000.0
-            res.steps += 1
-            step += 1
-            finished = np.zeros(0, dtype=I64)
-            if n:
-                res.decode_steps += 1
-                res.decode_busy_s += (t_draft + t_verify) / 1000.0
-                s_gen[dec] += gen_step
-                s_ctx[dec] += gen_step
-                kv_used += int(gen_step.sum())
-                if self._any_stateful:
-                    s_lag[dec] += gen_step[:, None] * self._stateful_i[None, :]
-                if ksum:
-                    spec = k > 0
-                    s_lag[dec[spec], dr[spec]] = 0
-                    s_last[dec[spec]] = dr[spec]
-                bb = bucket_of[n]
-                b_steps[bb] += 1
-                b_req[bb] += n
-                b_k[bb] += ksum
-                res.drafted += int(drafted.sum())
-                res.verified += vsum
-                res.accepted += int(accepted.sum())
-                res.decode_tokens += int(gen_step.sum())
-                res.request_steps += n
-                finished = rid[s_gen[dec] >= O[rid]]
-            if ch_tok:
-                full = s_pref[chunk_slots] + chunk_len >= P[s_rid[chunk_slots]]
-                s_pref[chunk_slots] += chunk_len
-                s_ctx[chunk_slots] += chunk_len
-                kv_used += ch_tok
-                if m:
-                    s_lag[chunk_slots, :m] += chunk_len[:, None] * (self._stateful & ~pmask)[None, :]
-                fin = chunk_slots[full]
-                if fin.size:
-                    dirty = True
-                    s_gen[fin] = 1
-                    s_ctx[fin] += 1
-                    if m:
-                        s_lag[fin, :m] += (self._stateful & ~pmask)[None, :]
-                    kv_used += fin.size
-                    decoding[fin] = True
-                    first[s_rid[fin]] = now
-            if n:
-                outcome = StepOutcome(
-                    slots=dec, request_ids=rid, drafter=dr, ctx_lens=ctx, drafted=drafted, verified=verified,
-                    accepted=accepted, confidence=conf_full, category=cat_dec,
-                    draft_ms=t_draft, verify_ms=t_verify, total_ms=t_total, draft_passes=draft_passes,
-                    draft_ctx_tokens=draft_ctx_tok, draft_batched_tokens=draft_b_tok, finished=finished,
-                    now=now, step=step, prefill_tokens=ch_tok, prefill_ctx_tokens=chunk_prior,
-                )
-                policy.observe(outcome)
-                if cfg.record_series:
-                    ser_t.append(now)
-                    ser_n.append(n)
-                    ser_k.append(ksum)
-                    ser_acc.append(int(accepted.sum()))
-                    ser_ver.append(vsum)
-            retire = dec if finished.size else zeros_n[:0]
-            if ch_tok:
-                retire = np.concatenate([retire, chunk_slots])
-            if retire.size:
-                dirty = True
-            done, kv_reserved, kv_used = self._retire(retire, s_rid, s_gen, s_ctx, active, decoding, free, finish,
-                                                      now, done, kv_reserved, kv_used)
-        res.k_hist = k_hist
-        if cfg.record_series:
-            res.series = {"t_s": np.array(ser_t), "batch": np.array(ser_n, dtype=I64), "k_sum": np.array(ser_k, dtype=I64),
-                          "accepted": np.array(ser_acc, dtype=I64), "verified": np.array(ser_ver, dtype=I64)}
-        return res
+    def _clamp(self, r: _Run, decision: Decision, rem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(k, drafter), each (n,): k within 0..min(max_k, remaining - 1), trimmed to the token budget
+        and the free KV; drafter indices within the drafters."""
+        cfg = self.cfg
+        n = rem.size
+        m = len(self.drafters)
+        k = np.minimum(np.asarray(decision.k, dtype=I64), rem - 1)
+        np.clip(k, 0, cfg.max_k, out=k)
+        if int(k.sum()) > min(cfg.token_budget - n, r.kv.free):
+            k = self._fit_budget(k, n, cfg.token_budget, cfg.kv_tokens - r.kv.used)
+        dr = np.asarray(decision.drafter, dtype=I64)
+        dr = np.clip(dr, 0, m - 1) if m > 1 else r.zeros[:n]
+        return k, dr
+
+    def _speculate(self, r: _Run, view: StepView, decision: Decision, gen0: np.ndarray) -> _Spec:
+        """Clamp k, draft, prune and accept for the n decoding requests."""
+        n = view.n
+        rem = view.remaining
+        k, dr = self._clamp(r, decision, rem)
+        ksum = int(k.sum())
+        if ksum:
+            sp = self._draft(r, decision, k, dr, view.request_ids, view.ctx_lens, gen0)
+            sp.verified = sp.drafted
+            if r.has_prune:
+                pv = r.policy.prune(view, decision, sp.drafted, sp.confidence)
+                sp.verified = np.clip(np.asarray(pv, dtype=I64), 0, sp.drafted)
+            sp.accepted = np.minimum(sp.lead, sp.verified)
+            r.res.spec_steps += 1
+            sp.gen_step = np.minimum(sp.accepted + 1, rem)
+            sp.vsum = int(sp.verified.sum())
+        else:
+            sp = _Spec.empty(r.zeros, n, r.ones)
+        sp.k, sp.drafter, sp.ksum = k, dr, ksum
+        kc = r.tally.kc
+        r.tally.k_hist += np.bincount(k, minlength=kc + 1)[: kc + 1]
+        return sp
+
+    def _draft(self, r: _Run, decision: Decision, k, dr, rid, ctx, gen0) -> _Spec:
+        """Draft every request with k > 0, one group per drafter; ``lead`` is each request's accepted run."""
+        n = k.size
+        spec = k > 0
+        sp = _Spec(drafted=np.zeros(n, dtype=I64), lead=np.zeros(n, dtype=I64))
+        if len(self.drafters) == 1:
+            groups = (0,)
+        else:
+            ds = dr[spec]
+            groups = (int(ds[0]),) if (ds == ds[0]).all() else tuple(int(x) for x in np.unique(ds))
+        for d in groups:
+            sel = np.flatnonzero(spec) if len(groups) == 1 else np.flatnonzero(spec & (dr == d))
+            self._draft_group(r, sp, d, sel, k[sel], decision.conf_cut, rid, ctx, gen0)
+        return sp
+
+    def _draft_group(self, r: _Run, sp: _Spec, d: int, sel, k_asked, cut, rid, ctx, gen0) -> None:
+        """Drafter d drafts for the requests ``sel`` (indices into the step's n requests)."""
+        ks = k_asked
+        if self._limit is not None:
+            ks = np.minimum(ks, self._limit(rid[sel], gen0[sel], d))
+        kmx = int(ks.max())
+        acc_d, conf_d = self.proc.draw(rid[sel], gen0[sel], d, kmx)  # (g, kmx) each
+        if conf_d is not None and cut is not None:
+            run = np.cumprod(conf_d, axis=1)
+            ok = np.cumprod(run >= np.asarray(cut, dtype=np.float64)[sel][:, None], axis=1).sum(axis=1)
+            # drafting stops after the token whose running confidence fell below the cut; that token
+            # is drafted already (its pass is paid) and stays, for ``prune`` to drop if verifying it
+            # does not pay
+            dsel = psel = np.minimum(ks, ok + 1)
+        else:
+            dsel, psel = ks, ks
+        sp.drafted[sel] = dsel
+        sp.lead[sel] = np.cumprod(acc_d, axis=1).sum(axis=1)
+        if conf_d is not None:
+            if sp.confidence is None:
+                sp.confidence = np.full((sp.drafted.size, max(self.cfg.max_k, 1)), np.nan)
+            sp.confidence[sel, :kmx] = np.where(self._jidx[:kmx][None, :] < dsel[:, None], conf_d, np.nan)
+        lag = r.slots.lag[r.slots.dec[sel], d]
+        # a lookup that finds nothing still pays for looking
+        td, fc, fb, fp = self._draft_cost(d, ctx[sel], psel if self._stateful[d] else k_asked, lag)
+        sp.t_draft += self._noisy(td, self._sigma_d[d])
+        sp.draft_ctx_tokens += fc
+        sp.draft_batched_tokens += fb
+        sp.draft_passes += fp
+
+    def _take_chunks(self, r: _Run, decode_tokens: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Chunked prefill: (slots, chunk lengths, prompt tokens they already prefilled) of the pending
+        prompts filling what the decode step leaves of the token budget; empty otherwise."""
+        sl = r.slots
+        pending = sl.pending
+        none = np.zeros(0, dtype=I64)
+        if not (self.cfg.chunked_prefill and pending.size):
+            return none, none, 0
+        left = self.cfg.token_budget - decode_tokens
+        if not (left > 0 or sl.dec.size == 0):
+            return none, none, 0
+        lens = self.P[sl.rid[pending]] - sl.pref[pending]  # (p,) prompt tokens left
+        cs = np.cumsum(lens)
+        left = max(left, 1)
+        take = int(np.searchsorted(cs, left, side="left")) + 1
+        take = min(take, pending.size)
+        slots = pending[:take]
+        chunk_len = lens[:take].copy()
+        over = int(cs[take - 1] - left)
+        if over > 0:
+            chunk_len[-1] -= over
+        return slots, chunk_len, int(sl.pref[slots].sum())
+
+    def _verify_ms(self, r: _Run, ctx: np.ndarray, sp: _Spec, chunk_prior: int, ch_tok: int, chunks: int) -> float:
+        """The target pass: verification of n + sum k tokens (padded: K + 1 per request) plus chunks."""
+        cfg = self.cfg
+        n = ctx.size
+        v_ctx = float(ctx.sum()) + chunk_prior
+        v_seqs = n + chunks
+        if cfg.verify_expansion and sp.vsum:
+            # each verified token is its own sequence over the request's KV up to its position
+            v_ctx += float((sp.verified * ctx).sum() + (sp.verified * (sp.verified + 1)).sum() / 2)
+            v_seqs += sp.vsum
+        v_tok = n + sp.vsum if cfg.verify.per_request else int(cfg.verify.verified_tokens(sp.k).sum())
+        t_verify = self.cost.target.predict(v_ctx, float(v_tok + ch_tok), 1, v_seqs) + self.cost.overhead_ms
+        if n:
+            t_verify += cfg.host_token_ms * float(sp.gen_step.sum())
+        return self._noisy(t_verify, self._sigma_t)
+
+    def _chunk_prefill_ms(self, r: _Run, chunks, chunk_len, chunk_prior: int, ch_tok: int) -> float:
+        """The drafts' prefill of this pass's prompt chunks, plus the first token of prompts it completes."""
+        if not ch_tok:
+            return 0.0
+        t = self._draft_prefill_ms(float(chunk_prior), ch_tok, r.pmask, int(chunks.size))
+        if self.cfg.host_token_ms:
+            done_now = int((r.slots.pref[chunks] + chunk_len >= self.P[r.slots.rid[chunks]]).sum())
+            t += self.cfg.host_token_ms * done_now
+        return t
+
+    def _commit_decode(self, r: _Run, dec, rid, sp: _Spec, decode_ms: float) -> np.ndarray:
+        """Advance the decoding requests by their accepted tokens + 1; returns the finished request ids."""
+        res, sl = r.res, r.slots
+        n = dec.size
+        res.decode_steps += 1
+        res.decode_busy_s += decode_ms / 1000.0
+        sl.gen[dec] += sp.gen_step
+        sl.ctx[dec] += sp.gen_step
+        r.kv.used += int(sp.gen_step.sum())
+        if self._any_stateful:
+            sl.lag[dec] += sp.gen_step[:, None] * self._stateful_i[None, :]
+        if sp.ksum:
+            spec = sp.k > 0
+            sl.lag[dec[spec], sp.drafter[spec]] = 0
+            sl.last[dec[spec]] = sp.drafter[spec]
+        bb = r.tally.bucket_of[n]
+        res.batch_steps[bb] += 1
+        res.batch_requests[bb] += n
+        res.batch_k[bb] += sp.ksum
+        res.drafted += int(sp.drafted.sum())
+        res.verified += sp.vsum
+        res.accepted += int(sp.accepted.sum())
+        res.decode_tokens += int(sp.gen_step.sum())
+        res.request_steps += n
+        return rid[sl.gen[dec] >= self.O[rid]]
+
+    def _commit_chunks(self, r: _Run, chunks, chunk_len) -> None:
+        """Advance the chunked prompts; a prompt whose last chunk ran starts decoding with its first token."""
+        sl = r.slots
+        m = len(self.drafters)
+        full = sl.pref[chunks] + chunk_len >= self.P[sl.rid[chunks]]
+        sl.pref[chunks] += chunk_len
+        sl.ctx[chunks] += chunk_len
+        r.kv.used += int(chunk_len.sum())
+        if m:
+            sl.lag[chunks, :m] += chunk_len[:, None] * (self._stateful & ~r.pmask)[None, :]
+        fin = chunks[full]
+        if fin.size:
+            sl.gen[fin] = 1
+            sl.ctx[fin] += 1
+            if m:
+                sl.lag[fin, :m] += (self._stateful & ~r.pmask)[None, :]
+            r.kv.used += fin.size
+            sl.begin_decoding(fin)
+            r.first[sl.rid[fin]] = r.clock.now
+
+    def _observe(self, r: _Run, view: StepView, sp: _Spec, finished, t_verify: float, t_total: float,
+                 ch_tok: int, chunk_prior: int) -> None:
+        outcome = StepOutcome(
+            slots=view.slots, request_ids=view.request_ids, drafter=sp.drafter, ctx_lens=view.ctx_lens,
+            drafted=sp.drafted, verified=sp.verified, accepted=sp.accepted, confidence=sp.confidence,
+            category=view.category, draft_ms=sp.t_draft, verify_ms=t_verify, total_ms=t_total,
+            draft_passes=sp.draft_passes, draft_ctx_tokens=sp.draft_ctx_tokens,
+            draft_batched_tokens=sp.draft_batched_tokens, finished=finished, now=r.clock.now, step=r.clock.step,
+            prefill_tokens=ch_tok, prefill_ctx_tokens=chunk_prior,
+        )
+        r.policy.observe(outcome)
+        r.tally.add_series(r.clock.now, view.n, sp.ksum, int(sp.accepted.sum()), sp.vsum)
 
     # -- pieces of the loop ---------------------------------------------------------------------------
     def _empty_view(self, K, cfg, now, step, waiting) -> StepView:
@@ -503,18 +565,16 @@ class SimEngine:
                 t += self._noisy(model.predict(ctx, tokens, 1, seqs), self._sigma_d[i])
         return t
 
-    def _finish_prefill(self, chosen, clen, pmask, s_pref, s_gen, s_ctx, s_lag, decoding, first, now) -> None:
-        s_pref[chosen] += clen
-        s_gen[chosen] = 1
-        s_ctx[chosen] = s_pref[chosen] + 1
+    def _finish_prefill(self, r: _Run, chosen: np.ndarray, clen: np.ndarray) -> None:
+        sl = r.slots
+        sl.pref[chosen] += clen
+        sl.gen[chosen] = 1
+        sl.ctx[chosen] = sl.pref[chosen] + 1
         if len(self.drafters):
             # a draft that never saw the prompt lags by the whole context (StepView.draft_lag)
-            s_lag[chosen, : len(self.drafters)] = s_ctx[chosen][:, None] * (self._stateful & ~pmask)[None, :]
-        decoding[chosen] = True
-        first[self._slot_rid_of(chosen)] = now
-
-    def _slot_rid_of(self, slots):
-        return self._rid_ref[slots]
+            sl.lag[chosen, : len(self.drafters)] = sl.ctx[chosen][:, None] * (self._stateful & ~r.pmask)[None, :]
+        sl.begin_decoding(chosen)
+        r.first[sl.rid[chosen]] = r.clock.now
 
     def _draft_cost(self, d: int, ctx: np.ndarray, passes: np.ndarray, lag: np.ndarray):
         """(ms, ctx tokens, batched tokens, passes) of drafter d running ``passes`` passes per request
@@ -533,48 +593,44 @@ class SimEngine:
         return (mdl.a * c_tok + mdl.b * b_tok + mdl.c * pmax + mdl.d * seq_passes + dc.const_ms, int(c_tok), b_tok,
                 pmax)
 
-    def _fast_forward(self, dec, rid, ctx, rem, now, nxt, s_gen, s_ctx, s_lag, s_rid, active, decoding, free, finish,
-                      done, kv_reserved, kv_used, step, res, k_hist, ser):
+    def _fast_forward(self, r: _Run, dec: np.ndarray, ctx: np.ndarray, rem: np.ndarray) -> None:
         """Plain decode steps until the next completion or arrival, in closed form (same times and
         tokens as stepping one by one: every request gains one token per step)."""
         n = dec.size
         tgt = self.cost.target
+        now = r.clock.now
         horizon = int(rem.min())
-        s_idx = np.arange(horizon, dtype=np.float64)
+        s_idx = np.arange(horizon, dtype=np.float64)  # (horizon,) steps ahead
         c0 = float(ctx.sum())
         t_ms = tgt.a * (c0 + s_idx * n) + (tgt.b + tgt.d + self.cfg.host_token_ms) * n + tgt.c + self.cost.overhead_ms
-        ends = now + np.cumsum(t_ms) / 1000.0
+        ends = now + np.cumsum(t_ms) / 1000.0  # (horizon,) clock at the end of each step
         j = horizon
-        if nxt < self.arr.shape[0] and self.arr[nxt] > now:
+        if r.next < self.arr.shape[0] and self.arr[r.next] > now:
             # stop after the step during which the next request arrives (it is admitted before the next step);
             # a request already waiting is blocked on a slot or KV, which only a completion frees
-            j = min(horizon, int(np.searchsorted(ends, self.arr[nxt], side="left")) + 1)
+            j = min(horizon, int(np.searchsorted(ends, self.arr[r.next], side="left")) + 1)
         j = max(j, 1)
         busy = float(t_ms[:j].sum()) / 1000.0
-        now = float(ends[j - 1])
-        s_gen[dec] += j
-        s_ctx[dec] += j
-        kv_used += j * n
+        r.clock.now = float(ends[j - 1])
+        r.slots.gen[dec] += j
+        r.slots.ctx[dec] += j
+        r.kv.used += j * n
         if self._any_stateful:
-            s_lag[dec] += j * self._stateful_i[None, :]
+            r.slots.lag[dec] += j * self._stateful_i[None, :]
+        res = r.res
         res.steps += j
         res.decode_steps += j
         res.busy_s += busy
         res.decode_busy_s += busy
         res.decode_tokens += j * n
         res.request_steps += j * n
-        k_hist[0] += j * n
+        r.tally.k_hist[0] += j * n
         bb = int(np.searchsorted(BATCH_BUCKETS, n, side="left"))
         res.batch_steps[bb] += j
         res.batch_requests[bb] += j * n
-        if self.cfg.record_series:
-            ser[0].append(now)
-            ser[1].append(n)
-            ser[2].append(0)
-            ser[3].append(0)
-            ser[4].append(0)
-        return (now, *self._retire(dec, s_rid, s_gen, s_ctx, active, decoding, free, finish, now, done, kv_reserved,
-                                   kv_used), step + j)
+        r.tally.add_series(r.clock.now, n, 0, 0, 0)
+        self._retire(r, dec)
+        r.clock.step += j
 
     @staticmethod
     def _fit_budget(k: np.ndarray, n: int, budget: int, free_kv: int) -> np.ndarray:
@@ -592,21 +648,14 @@ class SimEngine:
                 break
         return np.maximum(k, 0)
 
-    def _retire(self, slots, s_rid, s_gen, s_ctx, active, decoding, free, finish, now, done, kv_reserved, kv_used):
+    def _retire(self, r: _Run, slots: np.ndarray) -> None:
+        """Free the slots of finished requests and their KV; stamp their finish time."""
         if slots.size == 0:
-            return done, kv_reserved, kv_used
-        rid = s_rid[slots]
-        fin = s_gen[slots] >= self.O[rid]
-        fin &= decoding[slots]
-        if not fin.any():
-            return done, kv_reserved, kv_used
-        fs = slots[fin]
-        fr = rid[fin]
-        finish[fr] = now
-        kv_reserved -= int((self.P[fr] + self.O[fr]).sum())
-        kv_used -= int(s_ctx[fs].sum())
-        active[fs] = False
-        decoding[fs] = False
-        s_rid[fs] = -1
-        free.extend(int(x) for x in fs)
-        return done + int(fs.size), kv_reserved, kv_used
+            return
+        fs, fr = r.slots.release(slots, self.O)
+        if not fs.size:
+            return
+        r.finish[fr] = r.clock.now
+        r.kv.reserved -= int((self.P[fr] + self.O[fr]).sum())
+        r.kv.used -= int(r.slots.ctx[fs].sum())
+        r.done += int(fs.size)
