@@ -349,6 +349,9 @@ def _replan_once(name: str, state: ControlState) -> None:
         log.exception("group %s: replan failed", name)
 
 
+GROUP_QUERY_DOC = "'<sku>/<pair>' (default: the first group)"
+
+
 def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
     """The service's ASGI app over one group's ``ControlState`` or a ``Fleet`` of groups; ``token``
     guards every write."""
@@ -359,6 +362,29 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
     cfg = state.config
     hubs = Hubs(fleet)
     runner: dict[str, asyncio.Task | None] = {"task": None}
+    app = FastAPI(
+        title="specctl control plane", version=__version__, lifespan=_lifespan(fleet, hubs, runner),
+        docs_url=None, redoc_url=None,
+        description="Plans, telemetry, overrides and metrics for specctl's speculative-decoding controllers. "
+                    "Writes need `Authorization: Bearer <token>`.",
+    )
+    app.add_middleware(WriteGuard, token=token, max_body_bytes=cfg.max_body_bytes, state=state)
+    # What the server runs: the same guard in front of FastAPI's own layers, answering valid telemetry
+    # itself (see WriteGuard); everything else goes on to the app and its guard.
+    app.state.asgi = WriteGuard(app, token=token, max_body_bytes=cfg.max_body_bytes, state=state, fleet=fleet)
+    app.state.control = state
+    app.state.fleet = fleet
+    app.state.hub = hubs
+    _add_error_handlers(app, state)
+    _add_plan_routes(app, fleet, hubs, runner)
+    _add_write_routes(app, fleet)
+    _add_status_routes(app, fleet, hubs)
+    return app
+
+
+def _lifespan(fleet: Fleet, hubs: Hubs, runner: dict[str, asyncio.Task | None]):
+    """The app's lifespan: the replanner runs while the app serves."""
+    cfg = fleet.default.config
 
     async def replanner() -> None:
         while True:
@@ -378,23 +404,10 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await runner["task"]
 
-    app = FastAPI(
-        title="specctl control plane", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-        description="Plans, telemetry, overrides and metrics for specctl's speculative-decoding controllers. "
-                    "Writes need `Authorization: Bearer <token>`.",
-    )
-    app.add_middleware(WriteGuard, token=token, max_body_bytes=cfg.max_body_bytes, state=state)
-    # What the server runs: the same guard in front of FastAPI's own layers, answering valid telemetry
-    # itself (see WriteGuard); everything else goes on to the app and its guard.
-    app.state.asgi = WriteGuard(app, token=token, max_body_bytes=cfg.max_body_bytes, state=state, fleet=fleet)
-    app.state.control = state
-    app.state.fleet = fleet
-    app.state.hub = hubs
-    from control.service.metrics import make_registry
+    return lifespan
 
-    registry = make_registry(fleet, hubs)
-    bearer = HTTPBearer(auto_error=False, description="the service token")
 
+def _add_error_handlers(app: FastAPI, state: ControlState) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         if request.url.path == "/v1/telemetry":
@@ -411,8 +424,6 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
         status_code = 404 if isinstance(exc, UnknownGroup) and request.method in READ_METHODS else 422
         return JSONResponse(status_code=status_code, content={"detail": str(exc)})
 
-    group_q = Query(default=None, max_length=200, description="'<sku>/<pair>' (default: the first group)")
-
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
@@ -421,6 +432,12 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
         elif exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}; see /openapi.json"
         return JSONResponse(status_code=exc.status_code, content={"detail": detail}, headers=exc.headers)
+
+
+
+def _add_plan_routes(app: FastAPI, fleet: Fleet, hubs: Hubs, runner: dict[str, asyncio.Task | None]) -> None:
+    state, cfg = fleet.default, fleet.default.config
+    group_q = Query(default=None, max_length=200, description=GROUP_QUERY_DOC)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     async def healthz() -> Health:
@@ -460,6 +477,12 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+
+
+def _add_write_routes(app: FastAPI, fleet: Fleet) -> None:
+    bearer = HTTPBearer(auto_error=False, description="the service token")
+    group_q = Query(default=None, max_length=200, description=GROUP_QUERY_DOC)
+
     telemetry_body = {"required": True, "content": {"application/json": {"schema": TelemetryBatch.model_json_schema()}}}
 
     @app.post("/v1/telemetry", response_model=TelemetryAck, status_code=202, tags=["telemetry"], responses=ERRORS,
@@ -486,6 +509,14 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
         log.info("group %s: published plan v%d: %s", fleet.name_of(group), plan.version, plan.reason)
         return OverridesAck(overrides=st.overrides, plan_version=plan.version, plan_id=st.plan_id,
                             reason=plan.reason)
+
+
+
+def _add_status_routes(app: FastAPI, fleet: Fleet, hubs: Hubs) -> None:
+    from control.service.metrics import make_registry
+
+    registry = make_registry(fleet, hubs)
+    group_q = Query(default=None, max_length=200, description=GROUP_QUERY_DOC)
 
     @app.get("/v1/status", tags=["status"])
     async def status(group: str | None = group_q) -> dict[str, Any]:
@@ -551,5 +582,4 @@ def create_app(target: ControlState | Fleet, *, token: str) -> FastAPI:
         return HTMLResponse(render(fleet.groups[name], _explain(batch, ctx, acceptance, None, name),
                                    fleet=fleet, group=name))
 
-    return app
 
