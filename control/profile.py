@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from control.errors import ConfigError, describe_validation_error
 from control.goodput.cost import LinearCost
 from control.goodput.stepcost import DrafterCost, DrafterKind, StepCostModel
+from control.yamlfile import read_yaml_file
 
 PROFILE_SCHEMA = "specctl.profile/v1"
 
@@ -210,12 +211,5 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile; every problem is a one-line ConfigError naming the value."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"profile file '{path}' does not exist; generate one with `specctl profile` or `specctl roofline`")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"profile '{path}' is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    data = read_yaml_file(path, "profile", "generate one with `specctl profile` or `specctl roofline`")
     return parse_profile(data, where=f"profile '{path}'")

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "control"
 
 # Bottom to top. A module may import its own layer's modules (without a cycle) and any lower layer's.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("control", "control.errors", "control.policyspec"),
+    ("control", "control.errors", "control.policyspec", "control.yamlfile"),
     ("control.goodput",),
     ("control.profile",),
     ("control.plan",),

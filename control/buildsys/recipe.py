@@ -34,7 +34,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from control.buildsys.catalog import MODELS, SKUS, ModelShape, get_model, get_sku
@@ -45,6 +44,7 @@ from control.buildsys.trtllm_rules import (
     max_draft_len_limit,
 )
 from control.errors import ConfigError, describe_validation_error
+from control.yamlfile import read_yaml_file
 
 RECIPE_SCHEMA = "specctl.recipe/v1"
 PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4")
@@ -240,12 +240,5 @@ def _describe(where: str, err: ValidationError) -> str:
 
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"recipe '{path}' does not exist; see build/recipes/ for examples")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"recipe '{path}' is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    data = read_yaml_file(path, "recipe", "see build/recipes/ for examples")
     return parse_recipe(data, where=f"recipe '{path}'")
