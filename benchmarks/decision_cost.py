@@ -52,6 +52,7 @@ STAGES = (
     ("bandit update", "bandit.update"),
 )
 DECIDE_STAGES = ("survival", "weights", "optimiser", "cuts", "pace", "assign", "thompson")
+BANDIT_STAGES = ("assign", "thompson", "rewards", "bandit update")  # only with several drafters
 NESTED_STAGES = ("thompson",)  # inside another stage ("assign"): not subtracted again for "other"
 
 
