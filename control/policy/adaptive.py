@@ -274,7 +274,7 @@ class AdaptivePolicy(BasePolicy):
         conf_cut = self._cuts(choice, d_ctx, w, g_value, uniform)
         self._note_pace(view.slots, per_req, pace, known)
         if self.bandit is not None:
-            self._note_favourite(d_ctx, choice.k)
+            self._note_favourite(d_ctx, choice.k, uniform)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
 
@@ -367,11 +367,17 @@ class AdaptivePolicy(BasePolicy):
                 conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
         return conf_cut
 
-    def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray) -> None:
+    def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray, uniform: bool = False) -> None:
         """Remember the draft model that drafted for most requests this step: new requests prefill its
         state. The executor prefills its default drafter otherwise, and when the bandit prefers another
         one every new request pays a catch-up of its whole prompt there (on the live CPU server, with
-        draft-tiny preferred over the default draft-small, that was half of adaptive's draft time)."""
+        draft-tiny preferred over the default draft-small, that was half of adaptive's draft time).
+        (``uniform``: one drafter serves the step.)"""
+        if uniform:  # the most used is the only one: no counts
+            i = int(d_ctx[0])
+            if i >= 0 and self._is_model[i] and k.max(initial=0) > 0:
+                self._fav = i
+            return
         ran = d_ctx[(k > 0) & (d_ctx >= 0)]
         if ran.size:
             used = np.bincount(ran, minlength=self._is_model.size) * self._is_model
@@ -665,10 +671,11 @@ class AdaptivePolicy(BasePolicy):
     def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""
         n = outcome.n
-        verify_share = self.cost.verify_ms(outcome.ctx_lens.astype(np.float64), outcome.verified) / n
+        # (integer contexts: their sums are exact, so the same floats as summing a float copy)
+        verify_share = self.cost.verify_ms(outcome.ctx_lens, outcome.verified) / n
         if d_ctx[0] >= 0 and self._uniform(d_ctx):
             d = self.cost.drafters[int(d_ctx[0])]
-            share = verify_share + d.draft_ms(outcome.ctx_lens.astype(np.float64), outcome.drafted) / n
+            share = verify_share + d.draft_ms(outcome.ctx_lens, outcome.drafted) / n
             return (outcome.accepted + 1) / max(share, 1e-9)
         share = np.full(n, verify_share)
         for i, d in enumerate(self.cost.drafters):
