@@ -13,6 +13,10 @@ One iteration (``step``):
    accepted tokens and the bonus token, and stop requests on EOS, a stop word or max_tokens;
 5. report a ``StepOutcome`` to the policy.
 
+With ``EngineConfig.overlap_policy`` the policy runs on a worker thread instead: step 2 takes the
+decision it prepared during the step before, and the outcome of step 5 goes to it with the next
+step's view (``overlap.py``).
+
 Greedy speculative output equals plain greedy output token for token: acceptance is exact match
 against the target's own greedy token, and the target's forward is batch invariant (see
 ``model.py``), so the target computes bitwise the same logits for a token whether it is verified in
