@@ -47,8 +47,13 @@ STAGES = (
     ("survival", "survival"), ("weights", "_residence_weights"), ("optimiser", "admit_parametric"),
     ("cuts", "_cuts"), ("pace", "_note_pace"),
     ("tried", "_tried"), ("estimators", "_learn"), ("refit", "_refit"),
+    # the multi-drafter path (the drafter bandit): inside "decide other" / "observe other" otherwise
+    ("assign", "_assign_drafters"), ("thompson", "explore_probs"), ("rewards", "_rewards"),
+    ("bandit update", "bandit.update"),
 )
-DECIDE_STAGES = ("survival", "weights", "optimiser", "cuts", "pace")
+DECIDE_STAGES = ("survival", "weights", "optimiser", "cuts", "pace", "assign", "thompson")
+BANDIT_STAGES = ("assign", "thompson", "rewards", "bandit update")  # only with several drafters
+NESTED_STAGES = ("thompson",)  # inside another stage ("assign"): not subtracted again for "other"
 
 
 class StageTimer:
@@ -79,9 +84,11 @@ def instrument(pol, timer: StageTimer) -> list:
 
     undo = []
     for stage, attr in STAGES:
-        if hasattr(pol, attr):
-            setattr(pol, attr, timer.wrap(stage, getattr(pol, attr)))
-        elif hasattr(mod, attr):
+        owner_name, _, leaf = attr.rpartition(".")
+        owner = getattr(pol, owner_name, None) if owner_name else pol
+        if owner is not None and hasattr(owner, leaf):
+            setattr(owner, leaf, timer.wrap(stage, getattr(owner, leaf)))
+        elif not owner_name and hasattr(mod, attr):
             orig = getattr(mod, attr)
             setattr(mod, attr, timer.wrap(stage, orig))
             undo.append(lambda a=attr, o=orig: setattr(mod, a, o))
@@ -259,7 +266,8 @@ def stage_table(plan, batches: list[int], ctx: int, steps: int) -> list[dict]:
         bench("adaptive", plan, b, ctx, steps, timer=timer)
         rows = timer.rows[steps // 5:]
         med = {s: float(np.median([r.get(s, 0.0) for r in rows])) * 1e6 for s in names + ["decide", "observe"]}
-        dec_rest = np.median([r["decide"] - sum(r.get(s, 0.0) for s in DECIDE_STAGES) for r in rows]) * 1e6
+        top = [s for s in DECIDE_STAGES if s not in NESTED_STAGES]
+        dec_rest = np.median([r["decide"] - sum(r.get(s, 0.0) for s in top) for r in rows]) * 1e6
         obs_rest = np.median([r["observe"] - sum(r.get(s, 0.0) for s in names if s not in DECIDE_STAGES)
                               for r in rows]) * 1e6
         table.append({"batch": b, **med, "decide_other": float(dec_rest), "observe_other": float(obs_rest)})

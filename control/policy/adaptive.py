@@ -108,6 +108,10 @@ class AdaptivePolicy(BasePolicy):
         self._default_col = np.full(slots, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._cons_key: tuple | None = None
         self._cons = self.ctx.cons
+        self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
+        self._allowed_arr = np.ones(m, dtype=bool)
+        self._b_key: StepCostModel | None = None
+        self._b_arr = np.zeros(m)
 
     def update_context(self, ctx: PolicyContext) -> None:
         # a smaller max_k keeps the estimators (their extra positions are never admitted: caps() bound k)
@@ -270,7 +274,7 @@ class AdaptivePolicy(BasePolicy):
         conf_cut = self._cuts(choice, d_ctx, w, g_value, uniform)
         self._note_pace(view.slots, per_req, pace, known)
         if self.bandit is not None:
-            self._note_favourite(d_ctx, choice.k)
+            self._note_favourite(d_ctx, choice.k, uniform)
         return Decision(choice.k, d_exec, conf_cut=conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=choice.step_ms, predicted_tokens=choice.tokens)
 
@@ -297,16 +301,37 @@ class AdaptivePolicy(BasePolicy):
         switch_cost = None
         if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
             lag_ctx = view.draft_lag[:, np.maximum(self._to_exec, 0)]
-            switch_cost = lag_ctx * np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
-        allowed = self._to_exec >= 0
+            switch_cost = lag_ctx * self._per_token_b()
+        allowed = self._allowed()
         b = self.bandit
         if b.exploring:
             # fresh every exploring step, so a drafter that stops winning is dropped at once (the
             # favourite too: the profile's favourite can be the one that fails on this workload)
             b.explore_p = self.explore_probs(view, allowed)
-        d_ctx = self._one_model_per_step(self.bandit.assign(view.slots, switch_cost, allowed=allowed))
+        d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)
+        uniform = self._uniform(d_ctx)
+        if not uniform:
+            d_ctx = self._one_model_per_step(d_ctx)
+            uniform = self._uniform(d_ctx)
+        if uniform:  # one column: no per-request gathers
+            e = int(self._to_exec[d_ctx[0]]) if n else 0
+            d_exec = np.full(n, max(e, 0), dtype=I64)
+            return d_ctx, d_exec, view.draft_lag[:, max(e, 0)], True
         d_exec = self.exec_drafter(d_ctx)
-        return d_ctx, d_exec, self.lag_of(view, d_exec), self._uniform(d_ctx)
+        return d_ctx, d_exec, self.lag_of(view, d_exec), False
+
+    def _allowed(self) -> np.ndarray:
+        """(m,) bool: the plan's drafters the executor runs (the same array while the map is)."""
+        if self._allowed_key is not self._to_exec:
+            self._allowed_key, self._allowed_arr = self._to_exec, self._to_exec >= 0
+        return self._allowed_arr
+
+    def _per_token_b(self) -> np.ndarray:
+        """(m,) each drafter's draft-model ms per context token caught up (0: no model), per cost model."""
+        if self._b_key is not self.cost:
+            self._b_key = self.cost
+            self._b_arr = np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
+        return self._b_arr
 
     def _constraints(self, view: StepView) -> Constraints:
         """This step's limits (the last step's object when they did not change)."""
@@ -342,11 +367,16 @@ class AdaptivePolicy(BasePolicy):
                 conf_cut[sel] = self._conf[i].raw_cut(np.clip(cuts[sel], 0.0, 1.0))
         return conf_cut
 
-    def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray) -> None:
+    def _note_favourite(self, d_ctx: np.ndarray, k: np.ndarray, uniform: bool = False) -> None:
         """Remember the draft model that drafted for most requests this step: new requests prefill its
         state. The executor prefills its default drafter otherwise, and when the bandit prefers another
         one every new request pays a catch-up of its whole prompt there (docs/decisions.md,
-        2026-11-22)."""
+        2026-11-22). (``uniform``: one drafter serves the step.)"""
+        if uniform:  # the most used is the only one: no counts
+            i = int(d_ctx[0])
+            if i >= 0 and self._is_model[i] and k.max(initial=0) > 0:
+                self._fav = i
+            return
         ran = d_ctx[(k > 0) & (d_ctx >= 0)]
         if ran.size:
             used = np.bincount(ran, minlength=self._is_model.size) * self._is_model
@@ -442,8 +472,7 @@ class AdaptivePolicy(BasePolicy):
         e = self._to_exec
         stay = np.clip(view.remaining / 2.0, 1.0, float(self.bandit.beta))  # steps at about 2 tokens each
         per_req = lag[:, np.maximum(e, 0)] / stay[:, None]  # (n, m)
-        b = np.array([d.model.b if d.model is not None else 0.0 for d in self.cost.drafters])
-        return np.where(e >= 0, per_req.sum(axis=0) * b, 0.0)
+        return np.where(e >= 0, per_req.sum(axis=0) * self._per_token_b(), 0.0)
 
     def _tokens(self, surv: np.ndarray, k: np.ndarray) -> float:
         """Expected generated tokens of a step with draft lengths ``k``: bonus tokens plus survivals."""
@@ -635,10 +664,11 @@ class AdaptivePolicy(BasePolicy):
     def _rewards(self, outcome: StepOutcome, d_ctx: np.ndarray) -> np.ndarray:
         """Per-request goodput (tokens per ms) with the step's cost shared by what each request used."""
         n = outcome.n
-        verify_share = self.cost.verify_ms(outcome.ctx_lens.astype(np.float64), outcome.verified) / n
+        # (integer contexts: their sums are exact, so the same floats as summing a float copy)
+        verify_share = self.cost.verify_ms(outcome.ctx_lens, outcome.verified) / n
         if d_ctx[0] >= 0 and self._uniform(d_ctx):
             d = self.cost.drafters[int(d_ctx[0])]
-            share = verify_share + d.draft_ms(outcome.ctx_lens.astype(np.float64), outcome.drafted) / n
+            share = verify_share + d.draft_ms(outcome.ctx_lens, outcome.drafted) / n
             return (outcome.accepted + 1) / max(share, 1e-9)
         share = np.full(n, verify_share)
         for i, d in enumerate(self.cost.drafters):

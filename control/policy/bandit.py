@@ -52,6 +52,8 @@ class DrafterBandit:
         self.pool_cnt = np.zeros(n_drafters)
         self.switches = 0
         self._allowed: np.ndarray | None = None  # drafters the executor runs now (None: all)
+        self._allowed_src: np.ndarray | None = None  # the caller's array that ``_allowed`` came from
+        self._allowed_mask: np.ndarray | None = None
         self.explore_p: np.ndarray | None = None  # exploration draw probabilities (None: uniform)
         self.keep_p = 0.0  # mid-chunk, a request whose drafter's explore_p <= keep_p is re-drawn
 
@@ -151,7 +153,7 @@ class DrafterBandit:
         if slots.size == 0:
             return np.zeros(0, dtype=I64)
         self._ensure(int(slots.max()))
-        self._allowed = None if allowed is None or allowed.all() or not allowed.any() else np.asarray(allowed, dtype=bool)
+        self._allowed = self._allowed_of(allowed)
         if self.m == 1:
             self.assigned[slots] = 0
             return np.zeros(slots.size, dtype=I64)
@@ -160,20 +162,10 @@ class DrafterBandit:
         if boundary:
             new = self._random(slots.size) if self.exploring else self._matching(slots, switch_cost)
         else:
-            new = cur.copy()
-            missing = cur < 0
-            if self._allowed is not None:
-                missing |= ~self._allowed[np.maximum(cur, 0)]
-            if self.exploring and self.explore_p is not None:
-                # a drafter whose chance has fallen to keep_p or below is dropped at once, not at the chunk's end
-                missing |= self.explore_p[np.maximum(cur, 0)] <= self.keep_p
-            if missing.any():  # requests that arrived mid-chunk or mid-stage
-                if self.exploring:
-                    new[missing] = self._random(int(missing.sum()))
-                else:
-                    new[missing] = self._best_allowed(self.estimates(slots[missing]))
-        self.switches += int(((cur >= 0) & (cur != new)).sum())
-        self.assigned[slots] = new
+            new = self._keep(slots, cur)
+        if new is not cur:  # (mid-stage, everyone kept: no switches, nothing to write back)
+            self.switches += int(((cur >= 0) & (cur != new)).sum())
+            self.assigned[slots] = new
         self.t_stage += 1
         if self.t_stage >= self._stage_len():
             self.t_stage = 0
@@ -182,6 +174,35 @@ class DrafterBandit:
             else:
                 self.exploring = True
                 self.epoch += 1
+        return new
+
+    def _allowed_of(self, allowed: np.ndarray | None) -> np.ndarray | None:
+        """``allowed`` as the bool mask ``assign`` keeps (None: every drafter), the last one reused
+        while the caller passes the same array."""
+        if allowed is None:
+            return None
+        if allowed is not self._allowed_src:
+            self._allowed_src = allowed
+            self._allowed_mask = None if allowed.all() or not allowed.any() else np.asarray(allowed, dtype=bool)
+        return self._allowed_mask
+
+    def _keep(self, slots: np.ndarray, cur: np.ndarray) -> np.ndarray:
+        """Mid-stage: each request keeps its drafter, except one that arrived since the stage began,
+        whose drafter the executor no longer runs, or (exploring) whose drafter's chance has fallen
+        to ``keep_p`` or below, dropped at once rather than at the chunk's end. Returns ``cur``
+        itself when everyone keeps theirs."""
+        missing = cur < 0
+        if self._allowed is not None:
+            missing |= ~self._allowed[np.maximum(cur, 0)]
+        if self.exploring and self.explore_p is not None:
+            missing |= self.explore_p[np.maximum(cur, 0)] <= self.keep_p
+        if not missing.any():
+            return cur
+        new = cur.copy()
+        if self.exploring:
+            new[missing] = self._random(int(missing.sum()))
+        else:
+            new[missing] = self._best_allowed(self.estimates(slots[missing]))
         return new
 
     def update(self, slots: np.ndarray, drafter: np.ndarray, reward: np.ndarray) -> None:

@@ -68,7 +68,7 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     would silently time nothing)."""
     import json
 
-    from benchmarks.decision_cost import STAGES, main
+    from benchmarks.decision_cost import BANDIT_STAGES, STAGES, main
 
     out = tmp_path / "dc.json"
     assert main(["--batches", "4", "--policies", "adaptive", "--steps", "40", "--stages", "--json", str(out)]) == 0
@@ -77,6 +77,14 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     assert row["share_pct"] > 0 and row["modelled_step_ms"] > 0
     (stages,) = doc["stages"]
     for name, _ in STAGES:
+        if name not in BANDIT_STAGES:  # one drafter on this profile: no bandit
+            assert stages[name] > 0, name
+    # the CPU pair's three drafters take the bandit's path (40 steps: mostly its first exploration stage)
+    cpu = Path(__file__).resolve().parents[2] / "profiles" / "cpu" / "stdlib-quick.yaml"
+    assert main(["--profile", str(cpu), "--ctx", "256", "--batches", "4", "--policies", "adaptive", "--steps", "40",
+                 "--stages", "--json", str(out)]) == 0
+    (stages,) = json.loads(out.read_text())["stages"]
+    for name in BANDIT_STAGES:
         assert stages[name] > 0, name
 
 

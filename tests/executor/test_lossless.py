@@ -133,3 +133,44 @@ def test_engine_driven_by_the_agent(loaded, prompts, reference):
     assert_same(out, reference)
     assert eng.policy_errors == 0
     assert sum(int(o.verified.sum()) for o in rec.outcomes) > 0
+
+
+@pytest.mark.parametrize("spec", ["adaptive", "chaos"])
+def test_policy_off_the_critical_path(loaded, prompts, reference, spec):
+    """overlap_policy: the worker decides step t+1 during step t from a predicted view and observes
+    step t-1's outcome just before; output stays lossless and nearly every step uses a prepared decision."""
+    import threading
+
+    inner = ChaosPolicy(3) if spec == "chaos" else make_policy(spec)
+    threads: list[str] = []
+
+    class Where(Recorder):
+        def decide(self, view):
+            threads.append(threading.current_thread().name)
+            return super().decide(view)
+
+    rec = Where(inner)
+    eng = make_engine(loaded, rec, overlap_policy=True)
+    out = run_schedule(eng, schedule(prompts))
+    assert_same(out, reference)
+    assert eng.policy_errors == 0
+    worker = eng.policy_worker
+    worker.close()  # collects the job the drained engine left in flight
+    decode_steps = eng.step_no
+    assert worker.jobs >= decode_steps - 3  # a job per decode step (none before the first)
+    assert threads.count("policy-worker") == worker.jobs
+    assert len(threads) - worker.jobs <= 2  # decided on the engine thread: the first step (and one after a drain)
+    assert worker.used >= decode_steps - 3  # and the steps decoded with the prepared decision
+    # observe sees every outcome but the last step's, one step late: after the decision that follows it
+    assert len(rec.outcomes) >= decode_steps - 2
+    steps_seen = [o.step for o in rec.outcomes]
+    assert steps_seen == sorted(steps_seen)
+    assert sum(int(o.verified.sum()) for o in rec.outcomes) > 0
+
+
+def test_overlap_policy_must_be_a_bool():
+    from control.errors import ConfigError
+    from control.executors.reference.engine import EngineConfig
+
+    with pytest.raises(ConfigError, match="overlap_policy"):
+        EngineConfig(overlap_policy="yes").validate()

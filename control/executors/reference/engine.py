@@ -13,6 +13,10 @@ One iteration (``step``):
    accepted tokens and the bonus token, and stop requests on EOS, a stop word or max_tokens;
 5. report a ``StepOutcome`` to the policy.
 
+With ``EngineConfig.overlap_policy`` the policy runs on a worker thread instead: step 2 takes the
+decision it prepared during the step before, and the outcome of step 5 goes to it with the next
+step's view (``overlap.py``).
+
 Greedy speculative output equals plain greedy output token for token: acceptance is exact match
 against the target's own greedy token, and the target's forward is batch invariant (see
 ``model.py``), so the target computes bitwise the same logits for a token whether it is verified in
@@ -47,6 +51,7 @@ from control.executors.reference.drafters import (
 )
 from control.executors.reference.kvpool import KVPool
 from control.executors.reference.model import LlamaForCausalLM, Segment
+from control.executors.reference.overlap import PolicyWorker
 from control.executors.reference.sampling import (
     PositionNoise,
     banned_tokens,
@@ -73,6 +78,8 @@ class EngineConfig:
     token_budget: tokens one iteration may compute (prompts admitted + verified tokens). default
     drafter: the one whose cache is prefilled with the prompt (default: the first draft model).
     batch_invariant: False trades the bitwise lossless guarantee for speed at tiny batches (model.py).
+    overlap_policy: decide step t+1 on a worker thread while step t's passes run, from estimates one
+    step stale (``overlap.py``); the step loop then pays only the hand-over. Greedy output is the same.
     """
 
     max_batch: int = 32
@@ -83,6 +90,7 @@ class EngineConfig:
     eos_token_id: int | None = None
     seed: int = 0
     batch_invariant: bool | None = None  # set the target's batch invariance (None: leave the model's setting)
+    overlap_policy: bool = False
 
     def validate(self) -> EngineConfig:
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
@@ -93,6 +101,8 @@ class EngineConfig:
             raise ConfigError(f"max_k = {self.max_k!r}: must be an integer in 0..{MAX_K_LIMIT}")
         if self.token_budget is not None and not (isinstance(self.token_budget, int) and self.token_budget >= 1):
             raise ConfigError(f"token_budget = {self.token_budget!r}: must be an integer >= 1")
+        if not isinstance(self.overlap_policy, bool):
+            raise ConfigError(f"overlap_policy = {self.overlap_policy!r}: must be True or False")
         return self
 
 
@@ -244,6 +254,9 @@ class ReferenceEngine:
         self._reqs: dict[int, _Request] = {}
         self._streams: dict[int, queue.SimpleQueue] = {}
         self._pending: list[RequestOutput] = []
+        # overlap_policy: the worker, and the last outcome with the policy it belongs to, held for the next job
+        self.policy_worker = PolicyWorker() if cfg.overlap_policy else None
+        self._held: tuple[Policy, StepOutcome] | None = None
 
     # -- requests (any thread) -------------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
@@ -373,7 +386,9 @@ class ReferenceEngine:
                 prefill_tokens = int(sum(r.prompt.size for r in admitted))
                 view = self._view(dec, prefill_tokens)
                 tp = self.clock()
-                decision = self._policy_call(stats, "decide", policy.decide, view) or _plain(view.n)
+                decision = self._prepared(view, policy, stats) if self.policy_worker is not None else None
+                if decision is None:
+                    decision = self._policy_call(stats, "decide", policy.decide, view) or _plain(view.n)
                 stats.policy_ms += (self.clock() - tp) * 1e3
                 if not isinstance(decision, Decision):
                     self._policy_failed(stats, "decide", TypeError(f"decide returned {type(decision).__name__}, not a Decision"))
@@ -561,6 +576,10 @@ class ReferenceEngine:
             decision = _plain(n)
             k, d = self._clamp(view, decision, policy)
         cut = None if decision.conf_cut is None else np.asarray(decision.conf_cut, dtype=np.float64).reshape(-1)
+        if self.policy_worker is not None:  # decide step t+1 while this step's passes run
+            tp = self.clock()
+            self._launch(policy)
+            stats.policy_ms += (self.clock() - tp) * 1e3
         dr = self._draft(dec, k, d, cut)
         verified = dr.count
         prune = getattr(policy, "prune", None)
@@ -581,9 +600,12 @@ class ReferenceEngine:
             finished=np.array(finished, dtype=I64), now=self.clock() - self._t0,
             step=view.step, prev_loop_ms=self._loop_prev[0], prev_loop_requests=self._loop_prev[1],
         )
-        tp = self.clock()
-        self._policy_call(stats, "observe", policy.observe, outcome)
-        stats.policy_ms += (self.clock() - tp) * 1e3
+        if self.policy_worker is not None:
+            self._held = (policy, outcome)  # observed by the worker during the next step, after it decides
+        else:
+            tp = self.clock()
+            self._policy_call(stats, "observe", policy.observe, outcome)
+            stats.policy_ms += (self.clock() - tp) * 1e3
         stats.decode_batch = n
         stats.k = k.tolist()
         stats.drafted, stats.verified = int(dr.count.sum()), int(verified.sum())
@@ -674,6 +696,36 @@ class ReferenceEngine:
         return outputs, finished
 
     # -- policy calls --------------------------------------------------------------------------------
+    def _prepared(self, view: StepView, policy: Policy, stats: IterationStats) -> Decision | None:
+        """overlap_policy: the decision the worker prepared for this step, cut to ``view``'s requests
+        (None: none was prepared for this policy and these requests; the caller decides now)."""
+        prep = self.policy_worker.collect()
+        if prep is None:
+            return None
+        for what, e in prep.errors:
+            self._policy_failed(stats, what, e)
+        if prep.policy is not policy:  # set_policy since: the new policy decides afresh
+            return None
+        decision = prep.decision_for(view)
+        self.policy_worker.used += decision is not None
+        return decision
+
+    def _launch(self, policy: Policy) -> None:
+        """overlap_policy: hand the worker the last outcome and the next step's predicted view."""
+        self.policy_worker.collect()  # a job left from a step without decoding (its decision is stale)
+        held, self._held = self._held, None
+        outcome = held[1] if held is not None and held[0] is policy else None  # a replaced policy's: dropped
+        self.policy_worker.submit(policy, outcome, self._next_view())
+
+    def _next_view(self) -> StepView:
+        """The requests that decode at the next step as known before this step's passes: the decoding
+        ones (those that finish in this step drop out at the next), each at least a token further."""
+        view = self._view(np.flatnonzero(self.decoding), 0)
+        view.ctx_lens = view.ctx_lens + 1
+        view.remaining = np.maximum(view.remaining - 1, 1)
+        view.step = self.step_no + 1
+        return view
+
     def _policy_call(self, stats: IterationStats, what: str, fn, *args):
         """Call the policy; a policy that raises must not take the requests down with it: the step
         falls back to plain decoding (None) and the error is logged and kept in the stats."""
