@@ -191,32 +191,7 @@ class ReferenceEngine:
         self.max_batch = cfg.max_batch
         self.token_budget = cfg.token_budget or max(2048, cfg.max_batch * (cfg.max_k + 1))
         self.eos = cfg.eos_token_id if cfg.eos_token_id is not None else tc.eos_token_id
-        drafters = dict(drafters or {})
-        for name, m in drafters.items():
-            if isinstance(m, LlamaForCausalLM) and m.config.vocab_size != self.vocab:
-                raise ConfigError(f"drafter '{name}' has vocabulary {m.config.vocab_size}; the target has {self.vocab} "
-                                  "(a draft must share the target's tokenizer)")
-        self.drafter_names = tuple(drafters)
-        dtype = target.lm_head.weight.dtype
-        self.pool = KVPool(tc, {j: m.config for j, m in enumerate(drafters.values()) if isinstance(m, LlamaForCausalLM)},
-                           len(drafters), cfg.max_batch, self.max_len, self.device, dtype)
-        self.drafters: list[DraftModelDrafter | SelfSpecDrafter | NgramDrafter] = []
-        for j, (name, m) in enumerate(drafters.items()):
-            if m is None:
-                self.drafters.append(NgramDrafter(name))
-            elif isinstance(m, SelfSpec):
-                self.drafters.append(SelfSpecDrafter(name, target, self.pool.target, m.sink, m.window))
-            else:
-                self.drafters.append(DraftModelDrafter(name, m, self.pool.drafts[j], self.pool.draft_len[:, j]))
-        self.has_state = np.array([d.has_state for d in self.drafters] or [False])
-        if cfg.default_drafter is not None:
-            if cfg.default_drafter not in self.drafter_names:
-                raise ConfigError(f"default drafter '{cfg.default_drafter}' is not one of this engine's drafters "
-                                  f"({', '.join(self.drafter_names) or 'none'})")
-            self.default_drafter = self.drafter_names.index(cfg.default_drafter)
-        else:
-            models = [j for j, d in enumerate(self.drafters) if d.has_state]
-            self.default_drafter = models[0] if models else 0
+        self._build_drafters(dict(drafters or {}), cfg, tc)
         S = cfg.max_batch
         self.tok = np.zeros((S, self.max_len), dtype=I64)
         self.n_tok = np.zeros(S, dtype=I64)
@@ -257,6 +232,34 @@ class ReferenceEngine:
         # overlap_policy: the worker, and the last outcome with the policy it belongs to, held for the next job
         self.policy_worker = PolicyWorker() if cfg.overlap_policy else None
         self._held: tuple[Policy, StepOutcome] | None = None
+
+    def _build_drafters(self, drafters: dict[str, LlamaForCausalLM | SelfSpec | None], cfg: EngineConfig, tc) -> None:
+        """The KV pool and one drafter object per named drafter (None: n-gram lookup); the default drafter."""
+        for name, m in drafters.items():
+            if isinstance(m, LlamaForCausalLM) and m.config.vocab_size != self.vocab:
+                raise ConfigError(f"drafter '{name}' has vocabulary {m.config.vocab_size}; the target has {self.vocab} "
+                                  "(a draft must share the target's tokenizer)")
+        self.drafter_names = tuple(drafters)
+        dtype = self.target.lm_head.weight.dtype
+        self.pool = KVPool(tc, {j: m.config for j, m in enumerate(drafters.values()) if isinstance(m, LlamaForCausalLM)},
+                           len(drafters), cfg.max_batch, self.max_len, self.device, dtype)
+        self.drafters: list[DraftModelDrafter | SelfSpecDrafter | NgramDrafter] = []
+        for j, (name, m) in enumerate(drafters.items()):
+            if m is None:
+                self.drafters.append(NgramDrafter(name))
+            elif isinstance(m, SelfSpec):
+                self.drafters.append(SelfSpecDrafter(name, self.target, self.pool.target, m.sink, m.window))
+            else:
+                self.drafters.append(DraftModelDrafter(name, m, self.pool.drafts[j], self.pool.draft_len[:, j]))
+        self.has_state = np.array([d.has_state for d in self.drafters] or [False])
+        if cfg.default_drafter is not None:
+            if cfg.default_drafter not in self.drafter_names:
+                raise ConfigError(f"default drafter '{cfg.default_drafter}' is not one of this engine's drafters "
+                                  f"({', '.join(self.drafter_names) or 'none'})")
+            self.default_drafter = self.drafter_names.index(cfg.default_drafter)
+        else:
+            models = [j for j, d in enumerate(self.drafters) if d.has_state]
+            self.default_drafter = models[0] if models else 0
 
     # -- requests (any thread) -------------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
