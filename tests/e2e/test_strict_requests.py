@@ -86,7 +86,8 @@ def test_http_bad_input_sweep(deployment, model):
     assert grpc_generate(deployment.grpc_url, PROMPTS[0], GenParams(max_tokens=4)).token_ids
 
 
-def _grpc_error(dep, inputs: dict[str, np.ndarray], model: str = "llm") -> str:
+def grpc_stream_errors(dep, inputs: dict[str, np.ndarray], model: str = "llm") -> list:
+    """What one streamed gRPC request with these input tensors got per response (error or None)."""
     client = grpcclient.InferenceServerClient(dep.grpc_url)
     tensors = []
     for name, a in inputs.items():
@@ -98,6 +99,11 @@ def _grpc_error(dep, inputs: dict[str, np.ndarray], model: str = "llm") -> str:
     client.async_stream_infer(model, tensors)
     client.stop_stream()
     client.close()
+    return errors
+
+
+def _grpc_error(dep, inputs: dict[str, np.ndarray], model: str = "llm") -> str:
+    errors = grpc_stream_errors(dep, inputs, model)
     assert errors and isinstance(errors[0], InferenceServerException), errors
     return str(errors[0])
 

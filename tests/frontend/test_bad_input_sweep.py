@@ -8,13 +8,12 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException
 
 from control.clients.triton import GenParams, grpc_generate
 from control.triton.llm_request import INPUTS, LIST_INPUTS
 from tests.e2e.test_bad_requests import LONG
-from tests.e2e.test_strict_requests import GENERATED, GRPC_BAD, HTTP_BAD, JSON_LAYER
+from tests.e2e.test_strict_requests import GENERATED, GRPC_BAD, HTTP_BAD, JSON_LAYER, grpc_stream_errors
 
 pytestmark = pytest.mark.e2e
 
@@ -158,17 +157,7 @@ def test_openai_routes(frontend, deployment):
 def test_grpc_through_tritonclient(deployment):
     bad = []
     for inputs, field in GRPC_MORE:
-        client = grpcclient.InferenceServerClient(deployment.grpc_url)
-        tensors = []
-        for name, a in inputs.items():
-            t = grpcclient.InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype))
-            t.set_data_from_numpy(a)
-            tensors.append(t)
-        errors: list = []
-        client.start_stream(callback=lambda result, error, errors=errors: errors.append(error))
-        client.async_stream_infer("llm", tensors)
-        client.stop_stream()
-        client.close()
+        errors = grpc_stream_errors(deployment, inputs)
         ok = errors and isinstance(errors[0], InferenceServerException) and _named(str(errors[0]), field,
                                                                                    deployment.run_dir)
         if not ok:
