@@ -19,7 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from control.clients.triton import MODEL, GenParams, RequestError, Result, parse_url, stream_generate
+from control.clients.triton import MODEL, GenParams, RequestError, Result, grpc_addresses, stream_generate
 
 REPLICA_GONE = ("unavailable", "failed to connect", "connection refused", "connection reset", "socket closed",
                 "without the final response", "broken pipe", "goaway", "end of tcp stream", "transport")
@@ -56,16 +56,7 @@ class ReplicaPool:
 
     def __init__(self, urls: list[str], *, model: str = MODEL, max_attempts: int = MAX_ATTEMPTS,
                  cooldown_s: float = COOLDOWN_S) -> None:
-        if not urls:
-            raise RequestError("give at least one replica URL (grpc://HOST:PORT)")
-        addrs = []
-        for url in urls:
-            proto, addr = parse_url(url)
-            if proto != "grpc":
-                raise RequestError(f"url '{url}': the replica pool streams over gRPC; give grpc://HOST:PORT")
-            addrs.append(addr)
-        if len(set(addrs)) != len(addrs):
-            raise RequestError(f"replica URLs must be distinct (got: {', '.join(urls)})")
+        addrs = grpc_addresses(urls, "replica url")
         if max_attempts < 1:
             raise RequestError(f"max_attempts = {max_attempts}: must be >= 1")
         self.endpoints = [Endpoint(a) for a in addrs]

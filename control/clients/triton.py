@@ -104,6 +104,19 @@ def parse_url(url: str) -> tuple[str, str]:
     return "http", f"{p.scheme}://{p.hostname}:{port}"
 
 
+def grpc_addresses(urls: list[str], what: str = "url") -> list[str]:
+    """``host:port`` of each gRPC URL; RequestError naming ``what`` for an HTTP URL, none, or a repeat."""
+    addrs = []
+    for url in urls:
+        proto, addr = parse_url(url)
+        if proto != "grpc":
+            raise RequestError(f"{what} '{url}': requests stream over gRPC; give grpc://HOST:PORT (Triton's gRPC port)")
+        addrs.append(addr)
+    if not addrs or len(set(addrs)) != len(addrs):
+        raise RequestError(f"{what} {', '.join(urls)!r}: give one gRPC endpoint, or several distinct ones")
+    return addrs
+
+
 # -- gRPC --------------------------------------------------------------------------------------------
 def grpc_inputs(prompt: str | list[int], params: GenParams, stream: bool = True) -> list:
     import tritonclient.grpc as g

@@ -90,18 +90,11 @@ def run(args: argparse.Namespace) -> int:
     from urllib.parse import urlsplit
 
     from control.bench.live import Endpoints
-    from control.clients.triton import parse_url
+    from control.clients.triton import grpc_addresses
     from control.errors import ConfigError
 
     urls = [u.strip() for u in args.url.split(",") if u.strip()]
-    addrs = []
-    for url in urls:
-        proto, addr = parse_url(url)
-        if proto != "grpc":
-            raise ConfigError(f"--url {url}: the benchmark streams over gRPC; give grpc://HOST:PORT (Triton's gRPC port)")
-        addrs.append(addr)
-    if not addrs or len(set(addrs)) != len(addrs):
-        raise ConfigError(f"--url {args.url!r}: give one gRPC endpoint, or several distinct ones separated by commas")
+    addrs = grpc_addresses(urls, "--url")
     hosts = [urlsplit("grpc://" + a).hostname for a in addrs]
     https = [h.strip().rstrip("/") for h in args.http_url.split(",")] if args.http_url else [f"http://{h}:8000" for h in hosts]
     if len(https) != len(addrs):
