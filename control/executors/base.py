@@ -17,11 +17,19 @@ produces them. Bad input (an empty or over-long prompt, a sampling parameter out
 Speculation is controlled by a policy (``control.policy.types.Policy``): once per iteration the
 executor shows it a ``StepView`` and follows its ``Decision``; ``set_policy`` swaps it at run time.
 
-Every executor states its verification granularity (``verify_granularity``,
-``control.goodput.granularity``): whether its target verifies each request's own k + 1 tokens, the
-step's largest k + 1 for everyone, or a static max K + 1 whatever k. Its views carry it
-(``StepView.verify``), and the policy prices verification and chooses k (per request, or one k per
-step) from it.
+Every executor declares what it can do in one record, ``capabilities`` (``ExecutorCapabilities``):
+how far the policy's k reaches it (``KScope``: per request, one k per step, fixed when it was built,
+or no speculation), its verification granularity (``control.goodput.granularity``: whether its
+target verifies each request's own k + 1 tokens, the step's largest k + 1 for everyone, or a static
+max K + 1 whatever k), the drafters it has, its largest k, whether it honours a request's
+``num_draft_tokens``, and whether its clock is virtual (the simulator's). Its views carry the
+granularity (``StepView.verify``), and the policy prices verification and chooses k from it. A host
+(the Triton ``llm`` model, ``specctl generate``) reads the record instead of asking which class it
+holds.
+
+A request the engine fails on its own (the rest of the batch going on) finishes with
+``FinishReason.error`` and the reason in ``RequestOutput.error``; a failure of the whole iteration
+raises out of ``step``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from control.errors import ConfigError
 from control.goodput.granularity import VerifyGranularity
@@ -43,6 +53,60 @@ class FinishReason(str, Enum):
     stop = "stop"  # end-of-sequence token or a stop word
     length = "length"  # max_tokens reached
     cancelled = "cancelled"  # cancel() was called
+    error = "error"  # the engine failed this request alone (RequestOutput.error says why)
+
+
+class KScope(str, Enum):
+    """How far the policy's k reaches an executor."""
+
+    per_request = "per_request"  # each request drafts its own k every iteration
+    per_batch = "per_batch"  # one k per iteration for the whole batch
+    static = "static"  # fixed when the executor was built (a compiled schedule): plans change nothing
+    none = "none"  # the executor does not speculate
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorCapabilities:
+    """What an executor can do, in one record its host and the controller read.
+
+    ``verify`` is what its target verifies per request for the k chosen (padding to a static max K
+    included); ``k_scope`` how the policy's k reaches it; ``drafters`` the names of its drafters, in
+    the order a ``Decision.drafter`` index counts them; ``max_k`` the longest draft it runs;
+    ``request_caps`` whether it honours ``SamplingParams.num_draft_tokens``; ``virtual_clock``
+    whether its times are simulated (``IterationStats`` then holds modelled milliseconds, and its
+    ``now`` is not the wall clock).
+    """
+
+    name: str
+    k_scope: KScope
+    verify: VerifyGranularity
+    drafters: tuple[str, ...] = ()
+    max_k: int = 0
+    request_caps: bool = True
+    virtual_clock: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_k, bool) or not isinstance(self.max_k, int) or self.max_k < 0:
+            raise ConfigError(f"executor {self.name}: max_k = {self.max_k!r}: must be an integer >= 0")
+        if self.k_scope != KScope.none and self.max_k == 0:
+            raise ConfigError(f"executor {self.name}: k_scope {self.k_scope.value} needs max_k >= 1; "
+                              "declare k_scope none for an executor that does not speculate")
+        if self.k_scope == KScope.none and self.max_k:
+            raise ConfigError(f"executor {self.name}: k_scope none drafts nothing, so max_k must be 0, got {self.max_k}")
+
+    @property
+    def speculates(self) -> bool:
+        return self.k_scope != KScope.none
+
+    @property
+    def follows_plans(self) -> bool:
+        """Whether a plan the control plane pushes changes what this executor drafts."""
+        return self.k_scope in (KScope.per_request, KScope.per_batch)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "k_scope": self.k_scope.value, "verify": str(self.verify),
+                "drafters": list(self.drafters), "max_k": self.max_k, "request_caps": self.request_caps,
+                "virtual_clock": self.virtual_clock}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +119,8 @@ class SamplingParams:
     (callers with text encode them with the engine's tokenizer): generation stops after a stop word
     (its tokens are part of the output) and never produces a bad word's last token after the rest
     of it. ``num_draft_tokens`` caps this request's draft length (0 = never speculate).
+    ``stop_texts`` / ``bad_texts`` are the same words as the client wrote them, for engines that take
+    strings (TensorRT-LLM's LLM API tokenizes ``stop`` / ``bad`` itself); engines on token ids ignore them.
     """
 
     max_tokens: int = 16
@@ -67,6 +133,8 @@ class SamplingParams:
     num_draft_tokens: int | None = None
     ignore_eos: bool = False
     end_id: int | None = None  # this request's end-of-sequence token (default: the model's)
+    stop_texts: tuple[str, ...] = ()
+    bad_texts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_words", _word_lists(self.stop_words, "stop_words"))
@@ -101,6 +169,25 @@ class SamplingParams:
         return self
 
 
+def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, vocab: int | None, max_len: int | None) -> None:
+    """A request every executor refuses, with the reference engine's messages (ConfigError): its
+    parameters, an empty prompt, a token outside the vocabulary, prompt + max_tokens over ``max_len``."""
+    params.validate(vocab)
+    prompt = np.asarray(prompt_ids)  # (P,)
+    if prompt.size == 0:
+        raise ConfigError("prompt is empty; give at least one token id")
+    if vocab is not None:
+        bad = prompt[(prompt < 0) | (prompt >= vocab)]
+        if bad.size:
+            raise ConfigError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {vocab})")
+    n = int(prompt.size)
+    if max_len is not None and n + params.max_tokens > max_len:
+        raise ConfigError(
+            f"prompt of {n} tokens + max_tokens {params.max_tokens} exceeds the engine's max sequence length "
+            f"{max_len}; shorten the prompt or lower max_tokens (at most {max(max_len - n, 0)} here)"
+        )
+
+
 def _int_in(name: str, v, lo: int, hi: int | None) -> None:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ConfigError(f"{name} = {v!r}: must be an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
@@ -133,7 +220,8 @@ class RequestOutput:
 
     ``new_token_ids`` are the tokens appended this iteration (the end-of-sequence token is never
     included). ``drafted`` / ``accepted`` are this iteration's draft tokens verified and accepted;
-    ``num_generated``, ``total_drafted`` and ``total_accepted`` are running totals.
+    ``num_generated``, ``total_drafted`` and ``total_accepted`` are running totals. ``error`` says
+    why the engine failed this request (``finish_reason`` error).
     """
 
     request_id: int
@@ -145,6 +233,7 @@ class RequestOutput:
     num_generated: int = 0
     total_drafted: int = 0
     total_accepted: int = 0
+    error: str | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -230,8 +319,8 @@ class Executor(Protocol):
         ...
 
     @property
-    def verify_granularity(self) -> VerifyGranularity:
-        """What the target verifies per request for the k chosen (per request, per batch, padded)."""
+    def capabilities(self) -> ExecutorCapabilities:
+        """What this executor can do: k scope, verification granularity, drafters, clock."""
         ...
 
     @property

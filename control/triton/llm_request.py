@@ -294,7 +294,8 @@ def parse_request(tensors: Mapping[str, np.ndarray | None], *, limits: Limits, e
     params = SamplingParams(max_tokens=int(max_tokens), temperature=float(vals.get("temperature", 0.0)),
                             top_k=int(vals.get("top_k", 0)), top_p=float(vals.get("top_p", 1.0)),
                             random_seed=vals.get("random_seed"), stop_words=stop, bad_words=bad,
-                            num_draft_tokens=vals.get("num_draft_tokens"), end_id=vals.get("end_id"))
+                            num_draft_tokens=vals.get("num_draft_tokens"), end_id=vals.get("end_id"),
+                            stop_texts=tuple(stop_texts), bad_texts=tuple(bad_texts))
     return GenerateRequest(prompt or [], params, stream, stop_texts, bad_texts, include_input=not exclude and not stream,
                            prompt_text=prompt_text, perf_metrics=perf, tokenize_later=prompt is None)
 

@@ -41,7 +41,14 @@ import numpy as np
 import torch
 
 from control.errors import ConfigError
-from control.executors.base import FinishReason, IterationStats, RequestOutput, SamplingParams
+from control.executors.base import (
+    ExecutorCapabilities,
+    FinishReason,
+    IterationStats,
+    KScope,
+    RequestOutput,
+    SamplingParams,
+)
 from control.executors.reference.drafters import (
     DraftModelDrafter,
     DraftRows,
@@ -323,6 +330,13 @@ class ReferenceEngine:
     def verify_granularity(self) -> VerifyGranularity:
         """Per request: each request's verify segment holds exactly its own k + 1 tokens."""
         return PER_REQUEST
+
+    @property
+    def capabilities(self) -> ExecutorCapabilities:
+        """Per-request k and verification; its drafters; the wall clock."""
+        speculates = bool(self.drafter_names) and self.max_k > 0
+        return ExecutorCapabilities("reference", KScope.per_request if speculates else KScope.none,
+                                    self.verify_granularity, self.drafter_names, self.max_k if speculates else 0)
 
     @property
     def free_kv_slots(self) -> int:
