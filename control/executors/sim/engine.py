@@ -236,6 +236,21 @@ class SimEngine:
             r.res.series = r.tally.series_arrays()
         return r.res
 
+    # -- one iteration at a time (the Executor adapter, executor.py) --------------------------------
+    def begin(self, policy) -> _Run:
+        """Start a run that ``iterate`` advances one iteration at a time (``run`` does both)."""
+        return self._start(policy)
+
+    def iterate(self, r: _Run) -> None:
+        """One pass of ``run``'s loop: admit, then a prefill or a decode iteration (a plain stretch
+        under ``none`` runs in closed form up to the next completion or arrival)."""
+        self._admit(r)
+        r.slots.refresh()
+        if not self.cfg.chunked_prefill and r.slots.pending.size:
+            self._prefill_iteration(r)
+        elif r.slots.dec.size or r.slots.pending.size:
+            self._decode_iteration(r)
+
     def _start(self, policy) -> _Run:
         cfg = self.cfg
         N = self.arr.shape[0]
