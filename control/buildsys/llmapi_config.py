@@ -111,8 +111,8 @@ def llm_model_config(recipe: Recipe, control: str, model: str, version: str = PI
     """Triton ``llm`` model config (Python backend, decoupled) on the TensorRT-LLM executor.
 
     The model's code (``model.py``) is the project's ``triton_repo/llm/1/model.py``
-    (``control/triton/llmapi_model.py`` serves ``executor: trtllm``); this config names the executor
-    and what it loads (``model``: the target checkpoint ``LLM(model, ...)`` takes), with the
+    (``control/triton/llm_model.py``, which builds ``executor: trtllm`` with
+    ``control/triton/llmapi_host.py``); this config names the executor and what it loads (``model``: the target checkpoint ``LLM(model, ...)`` takes), with the
     request/response names DESIGN.md section 5 keeps compatible with tensorrtllm_backend's ensemble
     and BLS models and the same inputs as the reference path's config (``text_input`` or
     ``input_ids``; ``policy`` and ``stats`` are ours).

@@ -1,14 +1,18 @@
 """The ``llm`` Triton model: one engine loop per model instance, the controller (agent) inside it.
 
 ``triton_repo/llm/1/model.py`` is a thin shim that hands Triton's calls to ``load_model``, which
-returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve`` renders) or
-``LlmApiModel`` (``control/triton/llmapi_model.py``, ``executor: trtllm``, what ``specctl build
---backend pytorch`` renders). ``LlmModel``:
+returns ``LlmModel``. The model hosts any executor of the ``Executor`` protocol
+(``control/executors/base.py``): its ``executor`` parameter names a builder (``control/triton/hosts.py``:
+``reference`` what ``specctl serve`` renders, ``trtllm`` what ``specctl build --backend pytorch``
+renders, ``sim`` the simulator on a virtual clock), which returns the executor with its agent and
+tokenizer (``Hosted``). The model never asks which data plane it holds: it reads the executor's
+``capabilities`` (whether plans reach it, for the policy requests are checked against) and adds the
+host's ``describe()`` to its stats. ``LlmModel``:
 
-- ``initialize`` reads the model parameters (``config.pbtxt``, rendered by ``specctl serve``): the
-  executor and engine directory, the profile, the policy, the control-plane URL and the file holding its token, limits;
-  it loads the engine, builds the agent (which serves on its default plan until the service answers)
-  and starts the loop thread.
+- ``initialize`` reads the model parameters (``config.pbtxt``): the executor and what it needs, the
+  profile, the policy, the control-plane URL and the file holding its token, limits; it builds the
+  executor and the agent (which serves on its default plan until the service answers) and starts the
+  loop thread.
 - ``execute`` (decoupled) validates each request, registers it with the executor and returns at
   once; a bad request gets a Triton error naming the value and what is accepted, and nobody else is
   affected. A text prompt over 4 KiB is tokenised on a thread of its own (``tokenize_worker.py``),
@@ -19,6 +23,7 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
   in the executor before a step, which frees its KV slot at once: before each step a fixed number of
   the running and of the queued requests are asked in turn (``CancelWatch``), so the loop's own work
   per step does not grow with the queue; an error in one request or one step never takes the loop down.
+  A request the executor fails alone (``FinishReason.error``) gets an error response with its reason.
 - Errors are errors: a refused request raises out of ``execute`` (Triton counts it in
   ``nv_inference_request_failure``); a step that fails answers every request in it with an error
   response carrying the final flag and counts them in ``specctl_requests_total{outcome="failed"}``.
@@ -31,43 +36,32 @@ returns ``LlmModel`` (this module, ``executor: reference``, what ``specctl serve
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from control.agent.wire import K_BUCKETS
-from control.errors import ConfigError
+from control.executors.base import FinishReason, RequestOutput
 from control.triton.cancel_watch import CancelWatch
 from control.triton.faults import failing_step, step_fault_prefix
-from control.triton.llm_request import (
-    GenerateRequest,
-    Limits,
-)
+from control.triton.hosts import build_hosted
+from control.triton.llm_request import GenerateRequest, Limits
 from control.triton.sender import (
-    AGENT_BACKOFF_MAX_S,
-    PROMPT_BYTES_PER_TOKEN,
     Counters,
     Detokenizer,
     Live,
-    ModelParams,
     ResponseSender,
 )
 
 log = logging.getLogger("specctl.triton.llm")
+SHUTDOWN_JOIN_S = 10.0
 
 
-def load_model(pb, args: dict[str, Any]):
-    """The llm model for this config: ``LlmModel`` or, for ``executor: trtllm``, ``LlmApiModel``."""
-    config = json.loads(args["model_config"])
-    if ModelParams.from_config(config).executor == "trtllm":
-        from control.triton.llmapi_model import LlmApiModel
-
-        return LlmApiModel(pb, args)
+def load_model(pb, args: dict[str, Any]) -> LlmModel:
+    """The llm model for this config (``args`` as Triton passes them to ``initialize``)."""
     return LlmModel(pb, args)
 
 
@@ -75,19 +69,20 @@ class LlmModel(ResponseSender):
     """What the Triton Python model does; ``pb`` is ``triton_python_backend_utils``."""
 
     def __init__(self, pb, args: dict[str, Any]) -> None:
-        import torch
-
-        p = self._read_config(pb, args, need_decoupled=False)
-        torch.set_num_threads(p.threads)
-        self._load(p)
+        p = self._read_config(pb, args)
+        self.hosted = h = build_hosted(p, self.instance)
+        self.engine = h.executor
+        self.agent = h.agent
+        self._encode, self._encode_words, self._decode = h.encode, h.encode_words, h.decode
+        self._encode_large = h.encode_large
+        bounds = {} if h.max_prompt_bytes is None else {"max_prompt_bytes": h.max_prompt_bytes}
         self.limits = Limits(max_tokens=p.max_tokens, default_max_tokens=min(p.default_max_tokens, p.max_tokens),
-                             max_prompt_bytes=self.engine.max_len * PROMPT_BYTES_PER_TOKEN,
-                             vocab_size=self.loaded.target.config.vocab_size)
+                             vocab_size=h.vocab_size, **bounds)
         self.counters = Counters()
         self.live: dict[int, Live] = {}
         self._cond = threading.Condition()
-        # Held across add_request + registration and across each step, so a step never produces
-        # output for a request whose sender is not registered yet.
+        # Held across add_request + registration and across each step's delivery, so a step never
+        # delivers output for a request whose sender is not registered yet.
         self._reg = threading.Lock()
         self._stop = False
         self._last_k: list[int] = []
@@ -100,46 +95,6 @@ class LlmModel(ResponseSender):
         if self.agent is not None:
             self.agent.start()
 
-    # -- set-up ----------------------------------------------------------------------------------------
-    def _load(self, p: ModelParams) -> None:
-        from control.agent import Agent
-        from control.executors.reference.calibrate import find_profile, quick_profile
-        from control.executors.reference.engine import EngineConfig, PlainDecoding, ReferenceEngine
-        from control.executors.reference.loader import load_engine_dir
-        from control.policyspec import parse_policy_spec
-        from control.profile import load_profile
-
-        self.loaded = loaded = load_engine_dir(p.engine_dir)
-        drafters = tuple(loaded.drafters)
-        if p.drafter and p.drafter not in drafters:
-            raise ConfigError(f"llm model parameter drafter = {p.drafter!r}: not in {p.engine_dir} (it has: {', '.join(drafters)})")
-        self.policy_spec = str(parse_policy_spec(p.policy))
-        self.agent = None
-        policy = PlainDecoding()
-        if drafters:
-            if p.profile:
-                profile = load_profile(p.profile)
-            else:
-                profile = find_profile(loaded)
-                if profile is None or profile.pair != loaded.name:
-                    profile = quick_profile(loaded)
-            self.agent = Agent(profile, url=p.control_url or None, policy=self.policy_spec, drafters=drafters,
-                               max_k=p.max_k, max_batch=p.max_batch, token=p.read_token(),
-                               backoff_max_s=AGENT_BACKOFF_MAX_S,
-                               source=f"triton-{self.instance}".replace(" ", "-")[:128])
-            policy = self.agent
-        self.engine = ReferenceEngine(loaded.target, loaded.drafters, policy,
-                                      EngineConfig(max_batch=p.max_batch, max_k=p.max_k,
-                                                   default_drafter=p.drafter or None))
-        tok = loaded.tokenizer
-        self._encode = loaded.encode
-        bos = [] if loaded.bos_token_id is None else [loaded.bos_token_id]
-        # encode_batch tokenises without the GIL (encode holds it much of the time), so the engine
-        # loop and execute() run on while a large prompt is tokenised; the same ids as encode.
-        self._encode_large = lambda s: bos + tok.encode_batch([s], add_special_tokens=False)[0].ids
-        self._encode_words = lambda s: tok.encode(s, add_special_tokens=False).ids
-        self._decode = loaded.decode
-
     # -- Triton entry points ---------------------------------------------------------------------------
 
     def finalize(self) -> None:
@@ -148,16 +103,22 @@ class LlmModel(ResponseSender):
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(10)
+        self._thread.join(SHUTDOWN_JOIN_S)
         if self._thread.is_alive():
-            log.warning("llm %s: the engine loop did not stop within 10 s", self.instance)
+            log.warning("llm %s: the engine loop did not stop within %.0f s", self.instance, SHUTDOWN_JOIN_S)
         for live in list(self.live.values()):
             self._send_error(live.sender, "the server is shutting down")
         self.live.clear()
         t1 = time.monotonic()
+        try:
+            self.hosted.close()
+        except Exception as e:
+            log.warning("llm %s: closing the executor: %s", self.instance, e)
+        t2 = time.monotonic()
         if self.agent is not None:
             self.agent.stop()
-        log.warning("llm %s: finalized (engine loop %.2f s, agent %.2f s)", self.instance, t1 - t0, time.monotonic() - t1)
+        log.warning("llm %s: finalized (engine loop %.2f s, executor %.2f s, agent %.2f s)", self.instance, t1 - t0,
+                    t2 - t1, time.monotonic() - t2)
 
     # -- requests --------------------------------------------------------------------------------------
     def _submit(self, req: GenerateRequest, sender) -> None:
@@ -171,7 +132,15 @@ class LlmModel(ResponseSender):
             self._cond.notify()
 
     def current_policy(self) -> str:
-        return self.agent.plan.policy if self.agent is not None else "none"
+        """The policy requests are checked against: the plan the agent runs where plans reach the
+        executor; where they change nothing (a static schedule), the newest plan received."""
+        if self.agent is None:
+            return "none"
+        return (self.agent.plan if self.engine.capabilities.follows_plans else self._newest_plan()).policy
+
+    def _newest_plan(self):
+        pending = getattr(self.agent, "_pending", None)  # applied at the agent's next decide
+        return pending.plan if pending is not None else self.agent.plan
 
     # -- the engine loop (its own thread) --------------------------------------------------------------
     def _loop(self) -> None:
@@ -184,10 +153,10 @@ class LlmModel(ResponseSender):
                     return
             self._reap_cancelled()
             try:
-                with self._reg:
-                    outs = self._step()
+                outs = self._step()
             except Exception as e:  # a failed step fails the requests in it, never the loop
-                self._step_failed(e)
+                with self._reg:
+                    self._step_failed(e)
                 continue
             st = engine.last_stats
             c = self.counters
@@ -198,8 +167,9 @@ class LlmModel(ResponseSender):
                 self._k_hist += np.bincount(np.clip(k, 0, K_BUCKETS - 1), minlength=K_BUCKETS)
             self._last_k = list(st.k)
             t = time.perf_counter()
-            for out in outs:
-                self._deliver(out)
+            with self._reg:
+                for out in outs:
+                    self._deliver(out)
             c.deliver_ms += (time.perf_counter() - t) * 1e3
             self._watch.ran(out.request_id for out in outs if not out.finished)
 
@@ -225,13 +195,16 @@ class LlmModel(ResponseSender):
         except Exception:
             self.counters.send_errors += 1
 
-    def _deliver(self, out) -> None:
+    def _deliver(self, out: RequestOutput) -> None:
         live = self.live.get(out.request_id)
         if live is None:  # cancelled meanwhile
             return
         live.drafted, live.accepted = out.total_drafted, out.total_accepted
-        if out.finished and out.finish_reason is not None and out.finish_reason.value == "cancelled":
+        if out.finish_reason == FinishReason.cancelled:
             self.live.pop(out.request_id, None)
+            return
+        if out.finish_reason == FinishReason.error:
+            self._request_failed(live, out.error or "the engine failed while running this request; retry it")
             return
         if out.new_token_ids and not live.first_token_ns:
             live.first_token_ns, live.first_token_s = time.time_ns(), time.monotonic()
@@ -262,6 +235,16 @@ class LlmModel(ResponseSender):
                                   ttft_s=(live.first_token_s or now) - live.started, tokens=out.num_generated,
                                   drafted=out.total_drafted, accepted=out.total_accepted)
 
+    def _request_failed(self, live: Live, message: str) -> None:
+        """The executor failed this request alone: it gets the reason, the rest go on."""
+        self.live.pop(live.rid, None)
+        c = self.counters
+        c.failed += 1
+        c.last_error = message
+        self.metrics.failed()
+        log.warning("llm %s: request failed in the executor: %s", self.instance, message)
+        self._send_error(live.sender, message)
+
     def _step_failed(self, e: Exception) -> None:
         log.exception("llm: engine step failed")
         self.counters.step_errors += 1
@@ -276,14 +259,14 @@ class LlmModel(ResponseSender):
 
     # -- stats -----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
+        """The instance's counters, the executor's capabilities and its host's own fields."""
         e = self.engine
         c = self.counters
         t = c.totals
-        st = e.last_stats
         doc = {
-            "instance": self.instance, "engine": Path(self.params.engine_dir).name,
-            "kv_slots": e.max_batch, "kv_slots_in_use": e.running, "free_kv_tokens": e.free_kv_slots,
-            "active_requests": len(self.live), "waiting": st.waiting,
+            "instance": self.instance, "executor": self.params.executor,
+            "capabilities": e.capabilities.to_dict(), "active_requests": len(self.live),
+            "waiting": e.last_stats.waiting,
             "requests": c.requests, "rejected": c.rejected, "completed": c.completed, "cancelled": c.cancelled,
             "failed": c.failed, "steps": t.steps, "step_errors": c.step_errors, "send_errors": c.send_errors,
             "drafted": c.drafted, "accepted": c.accepted, "last_k": self._last_k, "last_error": c.last_error,
@@ -294,13 +277,13 @@ class LlmModel(ResponseSender):
             "step_verified": t.sums.verified, "step_accepted": t.sums.accepted, "generated": c.generated,
             "k_hist": self._k_hist.tolist(),
             "policy": self.current_policy(),
+            **self.hosted.describe(),
         }
         if self.agent is not None:
             doc["agent"] = self.agent.stats().to_dict()
             doc["plan_version"] = self.agent.plan.version
             # The newest plan the agent has received: it is applied at the next step, so an idle
             # instance shows here what its next request will run under.
-            pending = getattr(self.agent, "_pending", None)
-            newest = pending.plan if pending is not None else self.agent.plan
+            newest = self._newest_plan()
             doc["plan_received"] = {"policy": newest.policy, "version": newest.version, "max_k": newest.max_k}
         return doc

@@ -47,13 +47,20 @@ def render_llm_repo(out: Path, *, engine_dir: Path, profile: Path | None, policy
     """
     if instances < 1:
         raise ConfigError(f"instances = {instances}: must be >= 1")
-    src = templates / "llm"
-    if not (src / "config.pbtxt.in").is_file():
-        raise ConfigError(f"{src} has no config.pbtxt.in; the project's triton_repo/ templates are missing")
     params = {"executor": "reference", "engine_dir": Path(engine_dir).resolve(),
               "profile": Path(profile).resolve() if profile else "", "policy": policy, "max_k": max_k,
               "max_batch": max_batch, "max_tokens": max_tokens, "threads": threads, "control_url": control_url,
               "control_token_file": Path(control_token_file).resolve() if control_token_file else "", "drafter": drafter}
+    return render_llm_model(out, params, instances=instances, decoupled=decoupled, templates=templates)
+
+
+def render_llm_model(out: Path, params: dict[str, object], *, instances: int = 1, decoupled: bool = True,
+                     templates: Path = TEMPLATES) -> Path:
+    """Write the ``llm`` model and its aliases with these model ``params`` (any executor's:
+    ``control.triton.sender.ModelParams``); returns ``out``."""
+    src = templates / "llm"
+    if not (src / "config.pbtxt.in").is_file():
+        raise ConfigError(f"{src} has no config.pbtxt.in; the project's triton_repo/ templates are missing")
     template = (src / "config.pbtxt.in").read_text()
     text = Template(template).substitute(
         instances=instances, decoupled=str(decoupled).lower(),

@@ -1,6 +1,6 @@
-"""What both ``llm`` model flavours share: the model's parameters (``ModelParams``), the control
-token file, incremental detokenising, per-request state and counters, and ``ResponseSender`` (the
-request-to-response plumbing through Triton's response senders)."""
+"""The ``llm`` model's plumbing, whatever executor it hosts: the model's parameters (``ModelParams``),
+the control token file, incremental detokenising, per-request state and counters, and
+``ResponseSender`` (the request-to-response plumbing through Triton's response senders)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ from control.triton.tokenize_worker import INLINE_PROMPT_BYTES, TokenizeWorker
 log = logging.getLogger("specctl.triton.llm")
 
 INPUT_NAMES = tuple(INPUTS)
-EXECUTORS = ("reference", "trtllm")
+EXECUTORS = ("reference", "trtllm", "sim")
 CONTROLS = ("drafter-hook", "static-schedule")
 PROMPT_BYTES_PER_TOKEN = 64  # text_input above max_seq_len * this many bytes is refused before tokenising
 TOKEN_FILE_FORBIDDEN_BITS = 0o077  # group and other permissions: the token file is owner-only
 MAX_TOKEN_FILE_CHARS = 4096
+DEFAULT_SIM_REQUESTS = 4096  # executor sim: requests one model instance serves (acceptance rows)
 AGENT_BACKOFF_MAX_S = 2.0  # a restarted control plane (same port) is found again within about this long
 
 
@@ -46,7 +47,8 @@ class ModelParams:
     ``executor: reference`` needs ``engine_dir``; ``executor: trtllm`` needs ``llm_api_options`` (the
     LLM API options ``specctl build`` wrote) and ``model`` (the target checkpoint; else the options'
     ``model`` key), and takes ``plan`` (the build's plan: the agent's profile, policy and K),
-    ``control`` (``drafter-hook`` or ``static-schedule``), ``sku`` and ``pair``.
+    ``control`` (``drafter-hook`` or ``static-schedule``), ``sku`` and ``pair``; ``executor: sim``
+    needs ``profile`` and takes ``sim_requests`` (how many requests the simulated run holds).
     """
 
     executor: str = "reference"
@@ -69,6 +71,7 @@ class ModelParams:
     control_url: str = ""
     control_token_file: str = ""
     drafter: str = ""
+    sim_requests: int = DEFAULT_SIM_REQUESTS
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelParams:
@@ -103,9 +106,12 @@ class ModelParams:
                                   "(its first step points the configs at the deployment directory)")
             if p.control not in CONTROLS:
                 raise ConfigError(f"llm model parameter control = {p.control!r}: accepted: {', '.join(CONTROLS)}")
+        if p.executor == "sim" and not p.profile:
+            raise ConfigError("llm model parameter profile is empty; executor sim needs a profile (its step costs "
+                              "and acceptance)")
         if p.cancel_check_ms < 1:
             raise ConfigError(f"llm model parameter cancel_check_ms = {p.cancel_check_ms}: must be >= 1")
-        for name in ("max_k", "max_batch", "max_tokens", "default_max_tokens", "threads"):
+        for name in ("max_k", "max_batch", "max_tokens", "default_max_tokens", "threads", "sim_requests"):
             if getattr(p, name) < (0 if name == "max_k" else 1):
                 raise ConfigError(f"llm model parameter {name} = {getattr(p, name)}: must be >= {0 if name == 'max_k' else 1}")
         return p
@@ -166,36 +172,30 @@ class Detokenizer:
 
 
 @dataclass(eq=False)
-class LiveRequest:
-    """What every Triton model host keeps per in-flight request: its sender and what has been sent
+class Live:
+    """One in-flight request: its sender, its detokeniser and what has been sent
     (``ResponseSender._outputs`` reads ``drafted`` and ``accepted``)."""
 
     rid: int
     sender: Any
+    stream: bool
+    detok: Detokenizer
+    started: float  # monotonic
+    request: GenerateRequest | None = None
     _: KW_ONLY
     text: list[str] = field(default_factory=list)  # text deltas sent so far
     ids: list[int] = field(default_factory=list)  # token ids sent so far
     drafted: int = 0
     accepted: int = 0
-
-
-@dataclass(eq=False)
-class Live(LiveRequest):
-    """One in-flight request of the reference engine host."""
-
-    stream: bool
-    detok: Detokenizer
-    started: float
-    request: GenerateRequest | None = None
     arrival_ns: int = 0  # wall clock, for return_perf_metrics
     first_token_ns: int = 0
     first_token_s: float = 0.0  # monotonic
 
 
 @dataclass
-class RequestCounters:
-    """Request outcomes and draft totals every Triton model host counts (``ResponseSender`` counts
-    ``rejected`` and ``send_errors``)."""
+class Counters:
+    """Request outcomes, draft totals and the executor's steps (``ResponseSender`` counts ``rejected``
+    and ``send_errors``)."""
 
     requests: int = 0
     rejected: int = 0
@@ -207,19 +207,13 @@ class RequestCounters:
     accepted: int = 0
     generated: int = 0
     last_error: str = ""
-
-
-@dataclass
-class Counters(RequestCounters):
-    """The reference engine host's counters: requests, plus its steps."""
-
     step_errors: int = 0
-    totals: StepTotals = field(default_factory=StepTotals)  # the engine's steps, added up
+    totals: StepTotals = field(default_factory=StepTotals)  # the executor's steps, added up
     deliver_ms: float = 0.0  # the loop's own time delivering each step's outputs to the senders
 
 
 class ResponseSender:
-    """Responses through a request's Triton response sender, shared by both llm model flavours.
+    """Responses through a request's Triton response sender (the ``llm`` model's base).
 
     Needs ``self.pb`` (triton_python_backend_utils), ``self.outputs`` (the output names the config
     declares), ``self.counters`` (``rejected``, ``send_errors``), the request parser's inputs
@@ -227,21 +221,19 @@ class ResponseSender:
     ``_submit(parsed, sender)``, which starts serving one parsed request.
     """
 
-    def _read_config(self, pb, args: dict[str, Any], *, need_decoupled: bool = True) -> ModelParams:
-        """The model config both flavours start from: pb, config, instance name, declared outputs and
-        the parameters. A non-decoupled config (``need_decoupled`` False) answers each request with
-        exactly one response and refuses ``stream``."""
+    def _read_config(self, pb, args: dict[str, Any]) -> ModelParams:
+        """The model config the model starts from: pb, config, instance name, declared outputs and
+        the parameters. A non-decoupled config answers each request with exactly one response and
+        refuses ``stream``."""
         self.pb = pb
         self.config = json.loads(args["model_config"])
         self.instance = args.get("model_instance_name", "llm")
         self.decoupled = bool(pb.using_decoupled_model_transaction_policy(self.config))
-        if need_decoupled and not self.decoupled:
-            raise ConfigError("the llm model must be decoupled: set model_transaction_policy { decoupled: true }")
         self.params = ModelParams.from_config(self.config)
         self.outputs = {o["name"] for o in self.config.get("output", [])}
         self.metrics = LlmMetrics(pb, self.config.get("name", "llm"))
         self._tokenizer = TokenizeWorker(f"{self.instance}-tokenize".replace(" ", "-"))
-        self._encode_large: Callable[[str], list[int]] | None = None  # a flavour may set a GIL-free encode
+        self._encode_large: Callable[[str], list[int]] | None = None  # a GIL-free encode, where the host has one
         return self.params
 
     def _close_tokenizer(self) -> None:

@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 from control.agent import Agent
 from control.agent.wire import DrafterStats, TelemetryBatch
 from control.errors import ConfigError
+from control.executors.base import check_prompt
 from control.executors.trtllm.drafter_hook import KPlanner
 from control.executors.trtllm.llmapi import chain_positions, sampling_kwargs
+from control.executors.trtllm.llmapi_steps import llmapi_sampling
 from control.plan import compile_plan
 from control.policy import build_policy
 from control.service.estimates import AcceptanceTracker
 from control.triton.llm_request import Limits, parse_request
-from control.triton.llmapi_model import KControl, check_request, choose_control, llmapi_sampling
+from control.triton.llmapi_host import KControl, choose_control
 from control.triton.sender import ModelParams
 from tests.conftest import make_profile
 
@@ -40,13 +42,13 @@ def test_a_request_maps_to_tensorrt_llm_sampling_params():
     greedy = _parse(text_input="abc", max_tokens=np.array([12], dtype=np.int32),
                     stop_words=np.array([b"ab", b"", b"xy"], dtype=object), bad_words=np.array([b"q"], dtype=object),
                     end_id=np.array([2], dtype=np.int32), random_seed=np.array([9], dtype=np.uint64))
-    kw = sampling_kwargs(**llmapi_sampling(greedy))
+    kw = sampling_kwargs(**llmapi_sampling(greedy.params))
     assert kw == {"max_tokens": 12, "return_perf_metrics": True, "top_k": 1, "seed": 9, "end_id": 2,
                   "stop": ["ab", "xy"], "bad": ["q"], "include_stop_str_in_output": True}
     assert greedy.params.stop_words == (tuple(_words("ab")), tuple(_words("xy")))  # the same words, as ids
     sampled = _parse(text_input="abc", temperature=np.array([0.8], dtype=np.float32), top_k=np.array([4], dtype=np.int32),
                      top_p=np.array([0.5], dtype=np.float32))
-    kw = sampling_kwargs(**llmapi_sampling(sampled))
+    kw = sampling_kwargs(**llmapi_sampling(sampled.params))
     assert (kw["temperature"], kw["top_k"], kw["top_p"]) == (pytest.approx(0.8), 4, 0.5) and "stop" not in kw
 
 
@@ -67,11 +69,12 @@ def test_validation_gives_the_reference_engines_messages(tiny_checkpoints):
     ]
     for req in cases:
         with pytest.raises(ConfigError) as ours:
-            check_request(req, vocab, max_len)
+            check_prompt(req.prompt_ids, req.params, vocab, max_len)
         with pytest.raises(ConfigError) as ref:
             engine.add_request(req.prompt_ids, req.params)
         assert str(ours.value) == str(ref.value)
-    check_request(_parse(input_ids=np.array([1, 5], dtype=np.int32)), vocab, max_len)  # a good one passes
+    good = _parse(input_ids=np.array([1, 5], dtype=np.int32))
+    check_prompt(good.prompt_ids, good.params, vocab, max_len)  # a good one passes
 
 
 @pytest.mark.parametrize(("requested", "options", "env", "mode"), [
@@ -97,7 +100,7 @@ def test_k_control_per_method(requested, options, env, mode):
     ({"executor": "trtllm"}, "llm_api_options is empty"),
     ({"executor": "trtllm", "llm_api_options": "@OUT@/llm_api_options.yaml"}, "run the deployment's build.sh"),
     ({"executor": "trtllm", "llm_api_options": "o.yaml", "control": "live"}, "control = 'live': accepted: drafter-hook"),
-    ({"executor": "vllm"}, "executor = 'vllm': accepted: reference, trtllm"),
+    ({"executor": "vllm"}, "executor = 'vllm': accepted: reference, trtllm, sim"),
     ({"executor": "trtllm", "llm_api_options": "o.yaml", "cancel_check_ms": "0"}, "cancel_check_ms = 0"),
 ])
 def test_bad_model_parameters_are_named(params, message):
