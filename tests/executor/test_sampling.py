@@ -11,7 +11,9 @@ from scipy.stats import chisquare
 from control.executors.base import SamplingParams
 from control.executors.reference.engine import EngineConfig, ReferenceEngine
 from control.executors.reference.model import LlamaConfig, LlamaForCausalLM
-from control.executors.reference.sampling import filtered_probs, verify_greedy, verify_rejection
+from control.executors.reference.sampling import filtered_probs
+from control.executors.step.accept import accept_greedy as verify_greedy
+from control.executors.step.accept import accept_rejection as verify_rejection
 from control.policy.types import Decision
 
 P0 = np.array([0.05, 0.40, 0.20, 0.15, 0.10, 0.10])

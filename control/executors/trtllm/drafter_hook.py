@@ -46,16 +46,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from control.errors import ConfigError
+from control.executors.step.ngram import ngram_propose
 from control.executors.trtllm import require_tensorrt_llm
 from control.executors.trtllm.granularity import hook_granularity
-from control.executors.trtllm.orchestrator import ngram_propose
 from control.policy.types import I64, Policy, StepOutcome, StepView
 
 Proposer = Callable[[np.ndarray, int], np.ndarray]
 
 
 def ngram_proposer(n: int = 3) -> Proposer:
-    return lambda tokens, k: ngram_propose(tokens, k, n)
+    return lambda tokens, k: ngram_propose(tokens, k, max_n=n)
 
 
 class KPlanner:

@@ -34,6 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from control.errors import ConfigError, SpecctlError
+from control.executors.step.ngram import ngram_propose
 from control.executors.trtllm.granularity import BLS_GRANULARITY
 from control.executors.trtllm.tensors import generate_request, output_tokens, verified_tokens, verify_request
 from control.plan import Plan, parse_plan
@@ -65,22 +66,6 @@ class EngineClient(Protocol):
     run at all)."""
 
     def run(self, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]: ...
-
-
-def ngram_propose(seq: np.ndarray, k: int, n: int) -> np.ndarray:
-    """Prompt lookup: the k tokens that followed the latest earlier occurrence of the sequence's last
-    m tokens, for the longest m <= n that occurs; empty when nothing matches."""
-    L = seq.size
-    if k <= 0 or L < 2:
-        return seq[:0]
-    for m in range(min(n, L - 1), 0, -1):
-        tail = seq[L - m:]
-        windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], m)
-        hits = np.flatnonzero((windows == tail).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + m
-            return seq[start:start + k].copy()
-    return seq[:0]
 
 
 TokenSink = Callable[[np.ndarray, bool], None]  # (new tokens, finished)
