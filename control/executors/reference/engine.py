@@ -6,11 +6,13 @@ One iteration (``step``):
 2. show the policy a ``StepView`` of the decode requests and get its ``Decision``;
 3. prefill the admitted requests (target; the default drafter's cache too if the decision says so)
    and sample their first token;
-4. draft for each decode request with k > 0 (its chosen drafter; a draft model first catches up on
-   the tokens its cache misses), let a ``Verifier`` policy prune, verify every request's last token
-   plus its drafts in one packed target pass, accept (exact match against the target's greedy token,
-   or at temperature > 0 against the target's draw with the request's position noise), roll back the rejected positions in the target and draft caches, append the
-   accepted tokens and the bonus token, and stop requests on EOS, a stop word or max_tokens;
+4. run the step kernel (``control/executors/step``) over this engine's parts (``decode.py``): clamp
+   the decision, draft for each decode request with k > 0 (its chosen drafter; a draft model first
+   catches up on the tokens its cache misses), let a ``Verifier`` policy prune, verify every
+   request's last token plus its drafts in one packed target pass, accept (exact match against the
+   target's greedy token, or at temperature > 0 against the target's draw with the request's
+   position noise); roll back the rejected positions in the target and draft caches, append the
+   accepted tokens and the bonus token with the stop rules (EOS, a stop word, max_tokens);
 5. report a ``StepOutcome`` to the policy.
 
 With ``EngineConfig.overlap_policy`` the policy runs on a worker thread instead: step 2 takes the
