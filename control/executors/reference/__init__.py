@@ -7,7 +7,8 @@
   sampler over its per-slot parameters.
 - ``engine.py``: ``ReferenceEngine``, the continuous-batching speculative engine: requests, the
   loop, admission and prefill, commit; ``config.py``: ``EngineConfig``; ``requests.py``: a request
-  inside the engine and ``GenerationResult``.
+  inside the engine and ``GenerationResult``; ``slots.py``: the slot table (tokens, caps, sampling
+  parameters per batch slot).
 - ``decode.py``: the engine's parts of the step kernel (``control/executors/step``): drafting, the
   packed verify pass, acceptance, draft-cache rollback.
 - ``policy_calls.py``: calls into the policy with errors contained; ``overlap.py``: the policy on a

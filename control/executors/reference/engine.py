@@ -51,6 +51,7 @@ from control.executors.reference.policy_calls import PolicyCalls
 from control.executors.reference.requests import UNSEEDED, GenerationResult, Request, check_prompt
 from control.executors.reference.sampler import Sampler
 from control.executors.reference.sampling import PositionNoise
+from control.executors.reference.slots import SlotTable
 from control.executors.step.kernel import run_step, step_outcome
 from control.executors.step.stop import StopRules, apply_stop
 from control.executors.step.view import build_view
@@ -94,24 +95,14 @@ class ReferenceEngine:
         self.token_budget = cfg.token_budget or max(2048, cfg.max_batch * (cfg.max_k + 1))
         self.eos = cfg.eos_token_id if cfg.eos_token_id is not None else tc.eos_token_id
         self._build_drafters(dict(drafters or {}), cfg, tc)
-        S = cfg.max_batch
-        self.tok = np.zeros((S, self.max_len), dtype=I64)
-        self.n_tok = np.zeros(S, dtype=I64)
-        self.decoding = np.zeros(S, dtype=bool)
-        self.rid = np.full(S, -1, dtype=I64)
-        self.k_cap = np.zeros(S, dtype=I64)
-        self.last_drafter = np.full(S, -1, dtype=I64)
-        self.category = np.full(S, -1, dtype=I64)
-        self.max_new = np.zeros(S, dtype=I64)
-        self.generated = np.zeros(S, dtype=I64)
-        self.sampled = np.zeros(S, dtype=bool)
-        self.temperature = np.ones(S, dtype=np.float32)
-        self.top_k = np.zeros(S, dtype=I64)
-        self.top_p = np.ones(S, dtype=np.float32)
-        self.slot_req: list[Request | None] = [None] * S
+        st = self.slots = SlotTable(cfg.max_batch, self.max_len)
+        # the slot table's arrays, read and written in place by the loop (``slots.py``)
+        self.tok, self.n_tok, self.decoding, self.rid = st.tok, st.n_tok, st.decoding, st.rid
+        self.k_cap, self.last_drafter, self.category = st.k_cap, st.last_drafter, st.category
+        self.max_new, self.generated, self.sampled = st.max_new, st.generated, st.sampled
+        self.temperature, self.top_k, self.top_p, self.slot_req = st.temperature, st.top_k, st.top_p, st.req
         self.waiting: deque[Request] = deque()
-        self.sampler = Sampler(self.device, self.tok, self.n_tok, self.sampled, self.temperature, self.top_k, self.top_p,
-                               self.slot_req)
+        self.sampler = Sampler(self.device, st)
         self.policy: Policy = policy or PlainDecoding()
         self.clock = clock
         self._t0 = clock()
@@ -342,24 +333,8 @@ class ReferenceEngine:
             if admitted and taken + P > budget:
                 break
             self.waiting.popleft()
-            s = self.pool.allocate()
-            req.slot = s
-            self.slot_req[s] = req
-            self.tok[s, :P] = req.prompt
-            self.n_tok[s] = P
-            self.rid[s] = req.rid
-            p = req.params
-            cap = self.max_k if p.num_draft_tokens is None else min(p.num_draft_tokens, self.max_k)
-            self.k_cap[s] = cap
-            self.last_drafter[s] = -1
-            self.category[s] = req.category
+            self.slots.fill(self.pool.allocate(), req, self.max_k)
             self._any_category |= req.category >= 0
-            self.max_new[s] = p.max_tokens
-            self.generated[s] = 0
-            self.sampled[s] = not p.greedy
-            self.temperature[s] = p.temperature if not p.greedy else 1.0
-            self.top_k[s] = p.top_k
-            self.top_p[s] = p.top_p
             admitted.append(req)
             taken += P
         return admitted
@@ -490,11 +465,8 @@ class ReferenceEngine:
     def _finish(self, r: Request, reason: FinishReason, toks: tuple[int, ...], verified: int, accepted: int,
                 outputs: list[RequestOutput]) -> None:
         if r.slot >= 0:
-            s = r.slot
-            self.decoding[s] = False
-            self.slot_req[s] = None
-            self.rid[s] = -1
-            self.pool.release(s)
+            self.slots.clear(r.slot)
+            self.pool.release(r.slot)
             r.slot = -1
         self._reqs.pop(r.rid, None)
         with self._lock:

@@ -1,7 +1,7 @@
 """The engine's sampler: logits of its requests turned into tokens, with their parameters.
 
-``Sampler`` reads the engine's per-slot arrays (S = max_batch slots, L = max_len positions) in
-place: the token buffer, the sampling parameters and each slot's request (for its noise and bad words).
+``Sampler`` reads the engine's slot table (``slots.py``; S = max_batch slots, L = max_len positions)
+in place: the token buffer, the sampling parameters and each slot's request (its noise, bad words).
 """
 
 from __future__ import annotations
@@ -10,21 +10,21 @@ import numpy as np
 import torch
 
 from control.executors.reference.sampling import banned_tokens, filtered_probs
+from control.executors.reference.slots import SlotTable
 
 I64 = np.int64
 
 
 class Sampler:
-    def __init__(self, device, tok: np.ndarray, n_tok: np.ndarray, sampled: np.ndarray, temperature: np.ndarray,
-                 top_k: np.ndarray, top_p: np.ndarray, slot_req: list) -> None:
+    def __init__(self, device, slots: SlotTable) -> None:
         self.device = device
-        self.tok = tok  # (S, L) int64 prompt + generated tokens per slot
-        self.n_tok = n_tok  # (S,) int64 tokens in the buffer
-        self.sampled = sampled  # (S,) bool temperature > 0
-        self.temperature = temperature  # (S,) float32
-        self.top_k = top_k  # (S,) int64, 0 = off
-        self.top_p = top_p  # (S,) float32, 1 = off
-        self.slot_req = slot_req  # (S,) the request in each slot, or None
+        self.tok = slots.tok  # (S, L) int64 prompt + generated tokens per slot
+        self.n_tok = slots.n_tok  # (S,) int64 tokens in the buffer
+        self.sampled = slots.sampled  # (S,) bool temperature > 0
+        self.temperature = slots.temperature  # (S,) float32
+        self.top_k = slots.top_k  # (S,) int64, 0 = off
+        self.top_p = slots.top_p  # (S,) float32, 1 = off
+        self.slot_req = slots.req  # (S,) the request in each slot, or None
 
     def pick(self, logits: torch.Tensor, slots: np.ndarray) -> np.ndarray:
         """(R,) one token per row of ``logits`` (R, V): greedy, or sampled with the row's request's
