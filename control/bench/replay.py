@@ -129,13 +129,13 @@ def _match(drafts: np.ndarray, count: np.ndarray, cont: np.ndarray) -> np.ndarra
 
 
 def _record_ngram(prompts, conts, max_k: int, lead, avail, d: int) -> None:
-    from control.executors.reference.drafters import lookup
+    from control.executors.step.ngram import ngram_propose
 
     for r, (p, g) in enumerate(zip(prompts, conts, strict=True)):
         ctx = np.concatenate([np.asarray(p, dtype=I64), g])
         P = len(p)
         for pos in range(g.size):
-            prop = lookup(ctx[: P + pos], max_k)
+            prop = ngram_propose(ctx[: P + pos], max_k)
             want = g[pos: pos + prop.size]
             m = int(np.cumprod(prop[: want.size] == want).sum())
             avail[r, pos, d] = prop.size

@@ -169,13 +169,20 @@ class SamplingParams:
         return self
 
 
-def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, vocab: int | None, max_len: int | None) -> None:
-    """A request every executor refuses, with the reference engine's messages (ConfigError): its
-    parameters, an empty prompt, a token outside the vocabulary, prompt + max_tokens over ``max_len``."""
+def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, vocab: int | None,
+                 max_len: int | None) -> np.ndarray:
+    """The prompt as (P,) int64, or the ConfigError every executor gives for a request it refuses: its
+    parameters, a prompt that is not a flat sequence of token ids, an empty one, a token outside the
+    vocabulary, prompt + max_tokens over ``max_len``."""
     params.validate(vocab)
-    prompt = np.asarray(prompt_ids)  # (P,)
+    try:
+        prompt = np.asarray(list(prompt_ids))  # (P,)
+    except TypeError:
+        raise ConfigError(f"prompt must be a sequence of token ids, got {type(prompt_ids).__name__}") from None
     if prompt.size == 0:
         raise ConfigError("prompt is empty; give at least one token id")
+    if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer):
+        raise ConfigError(f"prompt must be a flat sequence of integer token ids (got dtype {prompt.dtype}, shape {prompt.shape})")
     if vocab is not None:
         bad = prompt[(prompt < 0) | (prompt >= vocab)]
         if bad.size:
@@ -186,6 +193,7 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, vocab: int |
             f"prompt of {n} tokens + max_tokens {params.max_tokens} exceeds the engine's max sequence length "
             f"{max_len}; shorten the prompt or lower max_tokens (at most {max(max_len - n, 0)} here)"
         )
+    return prompt.astype(np.int64)
 
 
 def _int_in(name: str, v, lo: int, hi: int | None) -> None:

@@ -10,14 +10,21 @@ from control.policy.types import Decision, StepOutcome, StepView
 
 
 class NonePolicy(BasePolicy):
-    """k = 0 always; draft state is never prefilled."""
+    """k = 0 always; draft state is never prefilled. The one "no speculation" policy: built from a
+    plan by the registry (``none``), or without one as the policy of an executor given none."""
 
     name = "none"
+
+    def __init__(self, ctx: PolicyContext | None = None) -> None:
+        super().__init__(ctx)
+
+    def update_context(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx  # nothing learned, nothing priced
 
     def wants_draft_prefill(self, view: StepView) -> bool:
         return False
 
-    def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
+    def decide(self, view: StepView) -> Decision:
         return Decision(np.zeros(view.n, dtype=I64), np.zeros(view.n, dtype=I64), prefill_draft=False)
 
 

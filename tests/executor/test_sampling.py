@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 from control.executors.base import SamplingParams
 from control.executors.reference.engine import EngineConfig, ReferenceEngine
 from control.executors.reference.model import LlamaConfig, LlamaForCausalLM
-from control.executors.reference.sampling import filtered_probs, verify_greedy, verify_rejection
+from control.executors.reference.sampling import filtered_probs
+from control.executors.step.accept import accept_greedy, accept_rejection
 from control.policy.types import Decision
 
 P0 = np.array([0.05, 0.40, 0.20, 0.15, 0.10, 0.10])
@@ -38,7 +39,7 @@ def test_first_token_follows_the_target(point_mass):
         else:
             drafts = np.array([rng.choice(6, p=Q0), rng.choice(6, p=Q1)])
             q = np.stack([Q0, Q1])
-        a, tok = verify_rejection(p, drafts, q, rng)
+        a, tok = accept_rejection(p, drafts, q, rng)
         out = list(drafts[:a]) + [tok]
         first[out[0]] += 1
         if a >= 1:  # given the first draft was kept, the next token also follows the target
@@ -63,7 +64,7 @@ def test_greedy_verification():
     drafts = np.array([[5, 6, 7], [5, 6, 7], [1, 2, 3], [9, -1, -1]])
     verified = np.array([3, 2, 3, 1])
     target = np.array([[5, 6, 7, 8], [5, 0, 0, 0], [1, 2, 3, 4], [9, 4, 0, 0]])
-    acc, bonus = verify_greedy(drafts, verified, target)
+    acc, bonus = accept_greedy(drafts, verified, target)
     assert acc.tolist() == [3, 1, 3, 1]
     assert bonus.tolist() == [8, 0, 4, 4]
 

@@ -8,7 +8,8 @@ import pytest
 
 from control.executors.base import SamplingParams
 from control.executors.reference.engine import PlainDecoding
-from control.executors.reference.sampling import PositionNoise, verify_coupled
+from control.executors.reference.sampling import PositionNoise
+from control.executors.step.accept import accept_coupled
 from tests.executor.conftest import ChaosPolicy, make_engine, make_policy, run_schedule
 
 SEEDS = (7, 11, 2**40 + 3)
@@ -59,7 +60,7 @@ def test_coupled_verification_keeps_the_target_draws_exactly():
     target = [noise.sample(p[j], 10 + j) for j in range(5)]
     for a in range(5):  # drafts equal to the target's draws for a positions, then one that differs
         drafts = np.array(target[:a] + [(target[a] + 1) % 8] * (4 - a))[:4]
-        acc, tok = verify_coupled(p, drafts, noise, 10)
+        acc, tok = accept_coupled(p, drafts, noise, 10)
         assert (acc, tok) == (a, target[a]) if a < 4 else (acc, tok) == (4, target[4])
     counts = np.bincount([PositionNoise((s,)).sample(p[0], 0) for s in range(4000)], minlength=8)
     assert np.abs(counts / 4000 - p[0]).max() < 0.03  # each draw follows p

@@ -1,24 +1,13 @@
-"""Prompt lookup (n-gram) drafting: propose the tokens that followed the latest earlier occurrence
-of the context's last n tokens, trying n = max_n down to min_n (as in prompt-lookup decoding)."""
+"""Prompt lookup (n-gram) drafting for the CPU pair: the executors' one proposer
+(``control.executors.step.ngram``) and how often it would have been right."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from control.executors.step.ngram import ngram_propose
 
-def ngram_propose(context: np.ndarray, k: int, max_n: int = 3, min_n: int = 1) -> np.ndarray:
-    """Up to ``k`` draft tokens for ``context`` (1-D int array); empty when nothing matches."""
-    L = context.shape[0]
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        tail = context[L - n:]
-        # windows ending before the tail's own start: positions i with context[i:i+n] == tail
-        win = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)
-        hits = np.flatnonzero((win == tail).all(axis=1))
-        hits = hits[hits + n < L]
-        if hits.size:
-            start = int(hits[-1]) + n
-            return context[start: start + k].copy()
-    return context[:0].copy()
+__all__ = ["ngram_match_rate", "ngram_propose"]
 
 
 def ngram_match_rate(seq: np.ndarray, start: int, max_n: int = 3) -> float:

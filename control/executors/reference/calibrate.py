@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from control.errors import ConfigError
-from control.executors.reference.drafters import lookup
 from control.executors.reference.loader import LoadedEngine
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
+from control.executors.step.ngram import ngram_propose
 from control.goodput.cost import LinearCost, fit_linear_cost, fit_target_cost
 from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, load_profile, parse_profile
 
@@ -110,7 +110,7 @@ def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -
     ctx = np.random.default_rng(0).integers(0, loaded.target.config.vocab_size, 512)
     t0 = time.perf_counter()
     for _ in range(20):
-        lookup(ctx, 8)
+        ngram_propose(ctx, 8)
     ngram_ms = (time.perf_counter() - t0) / 20 * 1e3
     drafters, acceptance = [], {}
     for spec in loaded.manifest.drafters:

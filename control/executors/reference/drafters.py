@@ -11,9 +11,9 @@
   pass attends to the first ``sink`` and the last ``window`` positions only, so at long context it
   reads far less KV than the target's pass. It writes into the target's own cache beyond the
   request's valid length, rows the verify pass then recomputes, so it never lags.
-- ``NgramDrafter``: prompt lookup. The longest suffix (n = 3, then 2, then 1 tokens) of the context
-  that occurred earlier in the prompt or the output proposes the tokens that followed its latest
-  earlier occurrence. Stateless, no confidences.
+- ``NgramDrafter``: prompt lookup (``step/ngram.py``, the one every data plane uses): the longest
+  suffix (n = 3, then 2, then 1 tokens) of the context that occurred earlier in the prompt or the
+  output proposes the tokens that followed its latest earlier occurrence. Stateless, no confidences.
 
 Both fill a ``DraftResult``; the engine owns tokens, slots and the draft caches' valid lengths.
 """
@@ -27,6 +27,7 @@ import torch
 
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
 from control.executors.reference.sampling import filtered_probs
+from control.executors.step.ngram import ngram_propose
 
 I64 = np.int64
 
@@ -216,20 +217,7 @@ class NgramDrafter:
         drafts = np.full((n, kmax), -1, dtype=I64)
         count = np.zeros(n, dtype=I64)
         for i, s in enumerate(rows.slots):
-            prop = lookup(rows.tokens[s, : rows.n_tok[s]], int(rows.k[i]), self.max_n, self.min_n)
+            prop = ngram_propose(rows.tokens[s, : rows.n_tok[s]], int(rows.k[i]), self.max_n, self.min_n)
             drafts[i, : prop.shape[0]] = prop
             count[i] = prop.shape[0]
         return DraftResult(drafts, count, None, None)
-
-
-def lookup(context: np.ndarray, k: int, max_n: int = 3, min_n: int = 1) -> np.ndarray:
-    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching suffix."""
-    L = context.shape[0]
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        tail = context[L - n:]
-        win = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)
-        hits = np.flatnonzero((win == tail).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return context[start: start + k]
-    return context[:0]

@@ -1,20 +1,17 @@
-"""Turning logits into tokens: greedy, filtered sampling, and speculative verification.
+"""Turning logits into tokens: filtered sampling, per-position noise, bad words.
 
 - ``filtered_probs``: temperature, top-k and top-p (nucleus) per row, vectorised over rows.
-- ``verify_greedy``: exact-match acceptance of every request's draft in one vectorised pass.
-- ``verify_rejection``: the speculative-sampling acceptance rule (Leviathan et al., Chen et al.):
-  accept draft token d with probability min(1, p(d) / q(d)); on the first rejection sample from
-  norm(max(0, p - q)); after k acceptances sample the bonus token from p. The output is distributed
-  exactly as sampling from the target's p, whatever the draft distribution q. A deterministic
-  proposal (n-gram lookup) is the point mass q = onehot(d).
-- ``PositionNoise`` / ``verify_coupled``: what the engine samples with. A sampled request's
-  randomness is Gumbel noise drawn from (request key, token position): the token at a position is
-  argmax(log p + g), an exact draw from p that depends on nothing but the key, the position and p.
-  A sampled draft uses the same noise over its own q, and verification keeps the drafts equal to the
-  target's draw at each position plus the target's draw after them. The output is therefore the
-  very tokens plain sampling gives, whatever k, batch or load: a seeded request is reproducible
-  with speculation on, as greedy output is lossless.
-- ``banned_tokens`` / ``stop_hit``: bad words and stop words as token-id sequences.
+- ``PositionNoise``: what the engine samples with. A sampled request's randomness is Gumbel noise
+  drawn from (request key, token position): the token at a position is argmax(log p + g), an exact
+  draw from p that depends on nothing but the key, the position and p. A sampled draft uses the same
+  noise over its own q, and verification (``step/accept.py`` ``accept_coupled``) keeps the drafts
+  equal to the target's draw at each position plus the target's draw after them. The output is
+  therefore the very tokens plain sampling gives, whatever k, batch or load: a seeded request is
+  reproducible with speculation on, as greedy output is lossless.
+- ``banned_tokens``: bad words as token-id sequences.
+
+Acceptance (greedy, coupled, rejection sampling) and the stop rules are the step kernel's
+(``control/executors/step/``), shared by every data plane.
 """
 
 from __future__ import annotations
@@ -45,16 +42,6 @@ def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     return torch.softmax(x, dim=-1)
 
 
-def sample_index(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from the (unnormalised, non-negative) distribution ``p`` by inverse CDF."""
-    c = np.cumsum(p, dtype=np.float64)
-    total = c[-1]
-    if not total > 0:
-        return int(np.argmax(p))
-    i = int(np.searchsorted(c, rng.random() * total, side="right"))
-    return min(i, p.shape[0] - 1)
-
-
 class PositionNoise:
     """A sampled request's randomness: Gumbel noise per token position, from (key, position) alone."""
 
@@ -76,62 +63,6 @@ class PositionNoise:
         return int(np.argmax(score))
 
 
-def verify_coupled(p: np.ndarray, drafts: np.ndarray, noise: PositionNoise, position: int) -> tuple[int, int]:
-    """Verification against the target's own draws for one sampled request.
-
-    p: (v + 1, V) target probabilities after the prefix and after each of the v draft tokens;
-    drafts: (v,); ``position``: the index of the first new token. Returns (accepted, next token):
-    the drafts that equal the target's draw at their position, and the target's draw after them.
-    """
-    v = drafts.shape[0]
-    for j in range(v + 1):
-        t = noise.sample(p[j], position + j)
-        if j == v or t != int(drafts[j]):
-            return j, t
-    raise AssertionError("unreachable: the loop returns at j == v")
-
-
-def verify_greedy(drafts: np.ndarray, verified: np.ndarray, target_argmax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy exact-match verification for a batch.
-
-    drafts: (n, K) draft tokens; verified: (n,) how many of each row were sent to the target;
-    target_argmax: (n, K + 1) the target's greedy token after the prefix and each draft token.
-    Returns (accepted (n,), bonus (n,)): the longest prefix of drafts equal to the target's tokens,
-    and the target's token right after it.
-    """
-    n, K = drafts.shape
-    pos = np.arange(K)[None, :]
-    match = (drafts == target_argmax[:, :K]) & (pos < verified[:, None])
-    accepted = np.cumprod(match, axis=1).sum(axis=1).astype(np.int64)
-    bonus = target_argmax[np.arange(n), accepted]
-    return accepted, bonus
-
-
-def verify_rejection(p: np.ndarray, drafts: np.ndarray, q: np.ndarray | None, rng: np.random.Generator) -> tuple[int, int]:
-    """Speculative sampling for one request.
-
-    p: (v + 1, V) target probabilities after the prefix and after each of the v draft tokens;
-    drafts: (v,) the draft tokens; q: (v, V) the distributions they were sampled from, or None for
-    a deterministic proposal. Returns (accepted, next token).
-    """
-    v = drafts.shape[0]
-    for j in range(v):
-        d = int(drafts[j])
-        pj = float(p[j, d])
-        qj = 1.0 if q is None else float(q[j, d])
-        if rng.random() * qj < pj:  # accept with probability min(1, p/q)
-            continue
-        if q is None:
-            resid = p[j].astype(np.float64, copy=True)
-            resid[d] = 0.0
-        else:
-            resid = np.maximum(p[j].astype(np.float64) - q[j], 0.0)
-        if not resid.sum() > 0:  # p <= q everywhere only when p == q, where rejection has probability 0
-            resid = p[j]
-        return j, sample_index(resid, rng)
-    return v, sample_index(p[v], rng)
-
-
 def banned_tokens(context: np.ndarray, bad_words: tuple[tuple[int, ...], ...]) -> list[int]:
     """Tokens that would complete a bad word after ``context`` (a single-token word is always banned)."""
     out = []
@@ -141,13 +72,3 @@ def banned_tokens(context: np.ndarray, bad_words: tuple[tuple[int, ...], ...]) -
         if m == 0 or (m <= n and tuple(context[n - m:].tolist()) == w[:-1]):
             out.append(w[-1])
     return out
-
-
-def stop_hit(generated: np.ndarray, stop_words: tuple[tuple[int, ...], ...]) -> bool:
-    """Whether the generated tokens end with one of the stop words."""
-    n = generated.shape[0]
-    for w in stop_words:
-        m = len(w)
-        if m <= n and generated[n - 1] == w[-1] and tuple(generated[n - m:].tolist()) == w:
-            return True
-    return False

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from control.executors.step.accept import accepted_run
 from control.goodput.acceptance import MAX_RATE
 
 U64 = np.uint64
@@ -113,8 +114,8 @@ class AcceptanceProcess:
 
     @staticmethod
     def leading(accept: np.ndarray) -> np.ndarray:
-        """Length of the leading run of accepted positions per row."""
-        return np.cumprod(accept, axis=1).sum(axis=1)
+        """(n,) length of the leading run of accepted positions per row of ``accept`` (n, k)."""
+        return accepted_run(accept)
 
     def leading_all(self, rid: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """(n, m) leading accepted run under each drafter (what a step would accept at k = K)."""

@@ -46,10 +46,15 @@ import numpy as np
 from control.errors import ConfigError
 from control.executors.sim.acceptance import AcceptanceProcess
 from control.executors.sim.state import BATCH_BUCKETS, I64, Clock, KvLedger, SlotTable, Tally
+from control.executors.step.accept import accepted_run
+from control.executors.step.clamp import Clamped
+from control.executors.step.kernel import Drafts, StepResult, Verdict, run_step, step_outcome
+from control.executors.step.stop import emitted
+from control.executors.step.view import build_view
 from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 from control.goodput.stepcost import StepCostModel
 from control.policy.simple import NonePolicy
-from control.policy.types import Decision, StepOutcome, StepView
+from control.policy.types import Decision, StepView
 
 __all__ = ["BATCH_BUCKETS", "MAX_K", "SimConfig", "SimEngine", "SimResult"]
 
@@ -126,7 +131,6 @@ class _Run:
     has_prune: bool
     fast_plain: bool  # ``none`` without noise or padding: plain stretches run in closed form
     zeros: np.ndarray  # (S,) shared zeros (never written)
-    ones: np.ndarray  # (S,) shared ones (never written)
     k_cap: np.ndarray  # (S,) max_k for every slot (StepView.k_cap)
     pmask: np.ndarray | None = None  # (m,) drafters that prefill new prompts (latest decision)
     next: int = 0  # the next request to admit
@@ -134,30 +138,73 @@ class _Run:
     waiting: int = 0  # requests arrived but not admitted
 
 
-@dataclass
-class _Spec:
-    """One decode step's speculation, each array (n,) over the step's decoding requests."""
+_NONE = np.zeros(0, dtype=I64)
 
-    k: np.ndarray | None = None  # draft length after clamping
-    drafter: np.ndarray | None = None
+
+@dataclass(slots=True)
+class _Spec:
+    """One decode step's speculation as the run's bookkeeping reads it: the kernel's steps 2-5
+    (None: no request decoded) and the tokens each request gains, arrays (n,)."""
+
+    step: StepResult | None = None
+    gen_step: np.ndarray = field(default_factory=lambda: _NONE)  # (n,) tokens generated this step (accepted + 1, within remaining)
     ksum: int = 0
-    drafted: np.ndarray | None = None
-    lead: np.ndarray | None = None  # accepted run each draft would realise if fully verified
-    verified: np.ndarray | None = None
-    accepted: np.ndarray | None = None
-    gen_step: np.ndarray | None = None  # tokens generated this step (accepted + 1, within remaining)
     vsum: int = 0
-    confidence: np.ndarray | None = None  # (n, max(max_k, 1)) draft confidences, NaN past the draft
-    t_draft: float = 0.0
-    draft_passes: int = 0
-    draft_ctx_tokens: int = 0
-    draft_batched_tokens: int = 0
 
     @classmethod
-    def empty(cls, zeros: np.ndarray, n: int = 0, ones: np.ndarray | None = None) -> _Spec:
-        """No speculation for n requests: one token each (none at all for n = 0)."""
-        z = zeros[:n]
-        return cls(k=z, drafter=z, drafted=z, verified=z, accepted=z, gen_step=zeros[:0] if ones is None else ones[:n])
+    def of(cls, step: StepResult, ksum: int, gen_step: np.ndarray) -> _Spec:
+        return cls(step, gen_step, ksum, int(step.verified.sum()))
+
+    @property
+    def k(self) -> np.ndarray:
+        return _NONE if self.step is None else self.step.plan.k
+
+    @property
+    def drafter(self) -> np.ndarray:
+        return _NONE if self.step is None else self.step.plan.drafter
+
+    @property
+    def drafted(self) -> np.ndarray:
+        return _NONE if self.step is None else self.step.drafts.count
+
+    @property
+    def verified(self) -> np.ndarray:
+        return _NONE if self.step is None else self.step.verified
+
+    @property
+    def accepted(self) -> np.ndarray:
+        return _NONE if self.step is None else self.step.verdict.accepted
+
+    @property
+    def t_draft(self) -> float:
+        return 0.0 if self.step is None else self.step.drafts.ms
+
+
+class _SimParts:
+    """The simulator's ``StepParts``: drafting draws (or replays) each draft's acceptance run, so
+    verifying is taking the run within what the prune left; no tokens exist."""
+
+    default_drafter = 0
+
+    def __init__(self, engine: SimEngine, r: _Run, gen0: np.ndarray) -> None:
+        self.engine, self.r, self.gen0 = engine, r, gen0  # gen0 (n,): tokens generated before the step
+        self.n_drafters = len(engine.drafters)
+
+    def refused(self, view: StepView, error: Exception) -> None:
+        raise error  # a simulated policy that breaks the contract is a bug to see, not to serve around
+
+    def draft(self, view: StepView, plan: Clamped) -> Drafts:
+        if not plan.k.any():
+            return Drafts(count=np.zeros(view.n, dtype=I64))
+        return self.engine._draft(self.r, plan, view.request_ids, view.ctx_lens, self.gen0)
+
+    def prune(self, view: StepView, decision: Decision, drafts: Drafts) -> np.ndarray | None:
+        return self.r.policy.prune(view, decision, drafts.count, drafts.confidence) if self.r.has_prune else None
+
+    def verify(self, view: StepView, drafts: Drafts, verified: np.ndarray) -> Verdict:
+        if drafts.lead is None:
+            return Verdict(np.zeros(view.n, dtype=I64))
+        return Verdict(np.minimum(drafts.lead, verified))
 
 
 class SimEngine:
@@ -265,7 +312,7 @@ class SimEngine:
             tally=Tally(max(cfg.max_k, 1), S, cfg.record_series),
             has_prune=callable(getattr(policy, "prune", None)),
             fast_plain=isinstance(policy, NonePolicy) and not cfg.noise and not cfg.verify.always,
-            zeros=np.zeros(S, dtype=I64), ones=np.ones(S, dtype=I64), k_cap=np.full(S, cfg.max_k, dtype=I64),
+            zeros=np.zeros(S, dtype=I64), k_cap=np.full(S, cfg.max_k, dtype=I64),
         )
         self._slots = r.slots
         init = policy.decide(self._empty_view(cfg.max_k, cfg, 0.0, 0, N))
@@ -321,7 +368,7 @@ class SimEngine:
         view = self._view(r, dec, rid, ctx, rem)
         decision: Decision = r.policy.decide(view)
         r.pmask = self._prefill_mask(decision)
-        sp = self._speculate(r, view, decision, gen0) if n else _Spec.empty(r.zeros)
+        sp = self._speculate(r, view, decision, gen0) if n else _Spec()
         chunks, chunk_len, chunk_prior = self._take_chunks(r, n + sp.vsum)
         ch_tok = int(chunk_len.sum())
         t_verify = self._verify_ms(r, ctx, sp, chunk_prior, ch_tok, chunks.size)
@@ -343,61 +390,37 @@ class SimEngine:
 
     # -- pieces of a decode step ----------------------------------------------------------------------
     def _view(self, r: _Run, dec, rid, ctx, rem) -> StepView:
+        """Step 1: the view of the decoding slots ``dec`` (n,)."""
         cfg, sl = self.cfg, r.slots
         n = dec.size
         pending = sl.pending
         pend_tokens = int((self.P[sl.rid[pending]] - sl.pref[pending]).sum()) if pending.size else 0
-        return StepView(
-            slots=dec, request_ids=rid, ctx_lens=ctx, remaining=rem, k_cap=r.k_cap[:n],
-            drafter=sl.last[dec], draft_lag=sl.lag[dec] if self.drafters else np.zeros((n, 1), dtype=I64),
-            free_kv_slots=r.kv.free, token_budget=cfg.token_budget, max_k=cfg.max_k,
-            drafters=self.drafters, now=r.clock.now, step=r.clock.step,
-            category=sl.cat_dec,
-            prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)), waiting=r.waiting, verify=cfg.verify,
+        return build_view(
+            slots=dec, request_ids=rid, ctx_lens=ctx, remaining=rem, k_cap=r.k_cap[:n], drafter=sl.last[dec],
+            draft_lag=sl.lag[dec] if self.drafters else None, free_kv_slots=r.kv.free,
+            token_budget=cfg.token_budget, max_k=cfg.max_k, drafters=self.drafters, now=r.clock.now,
+            step=r.clock.step, category=sl.cat_dec, prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)),
+            waiting=r.waiting, verify=cfg.verify,
         )
 
-    def _clamp(self, r: _Run, decision: Decision, rem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(k, drafter), each (n,): k within 0..min(max_k, remaining - 1), trimmed to the token budget
-        and the free KV; drafter indices within the drafters."""
-        cfg = self.cfg
-        n = rem.size
-        m = len(self.drafters)
-        k = np.minimum(np.asarray(decision.k, dtype=I64), rem - 1)
-        np.clip(k, 0, cfg.max_k, out=k)
-        if int(k.sum()) > min(cfg.token_budget - n, r.kv.free):
-            k = self._fit_budget(k, n, cfg.token_budget, cfg.kv_tokens - r.kv.used)
-        dr = np.asarray(decision.drafter, dtype=I64)
-        dr = np.clip(dr, 0, m - 1) if m > 1 else r.zeros[:n]
-        return k, dr
-
     def _speculate(self, r: _Run, view: StepView, decision: Decision, gen0: np.ndarray) -> _Spec:
-        """Clamp k, draft, prune and accept for the n decoding requests."""
-        n = view.n
-        rem = view.remaining
-        k, dr = self._clamp(r, decision, rem)
+        """Steps 2-5 of the step kernel for the n decoding requests, over the simulator's parts."""
+        res = run_step(view, decision, _SimParts(self, r, gen0), str(getattr(r.policy, "name", r.policy)))
+        k = res.plan.k
         ksum = int(k.sum())
         if ksum:
-            sp = self._draft(r, decision, k, dr, view.request_ids, view.ctx_lens, gen0)
-            sp.verified = sp.drafted
-            if r.has_prune:
-                pv = r.policy.prune(view, decision, sp.drafted, sp.confidence)
-                sp.verified = np.clip(np.asarray(pv, dtype=I64), 0, sp.drafted)
-            sp.accepted = np.minimum(sp.lead, sp.verified)
             r.res.spec_steps += 1
-            sp.gen_step = np.minimum(sp.accepted + 1, rem)
-            sp.vsum = int(sp.verified.sum())
-        else:
-            sp = _Spec.empty(r.zeros, n, r.ones)
-        sp.k, sp.drafter, sp.ksum = k, dr, ksum
         kc = r.tally.kc
         r.tally.k_hist += np.bincount(k, minlength=kc + 1)[: kc + 1]
-        return sp
+        return _Spec.of(res, ksum, emitted(res.verdict.accepted, view.remaining))
 
-    def _draft(self, r: _Run, decision: Decision, k, dr, rid, ctx, gen0) -> _Spec:
-        """Draft every request with k > 0, one group per drafter; ``lead`` is each request's accepted run."""
+    def _draft(self, r: _Run, plan: Clamped, rid, ctx, gen0) -> Drafts:
+        """Step 3: draft every request with k > 0, one group per drafter; ``lead`` is each request's
+        accepted run, drawn (or replayed) as it drafts."""
+        k, dr = plan.k, plan.drafter
         n = k.size
         spec = k > 0
-        sp = _Spec(drafted=np.zeros(n, dtype=I64), lead=np.zeros(n, dtype=I64))
+        dts = Drafts(count=np.zeros(n, dtype=I64), lead=np.zeros(n, dtype=I64))
         if len(self.drafters) == 1:
             groups = (0,)
         else:
@@ -405,10 +428,10 @@ class SimEngine:
             groups = (int(ds[0]),) if (ds == ds[0]).all() else tuple(int(x) for x in np.unique(ds))
         for d in groups:
             sel = np.flatnonzero(spec) if len(groups) == 1 else np.flatnonzero(spec & (dr == d))
-            self._draft_group(r, sp, d, sel, k[sel], decision.conf_cut, rid, ctx, gen0)
-        return sp
+            self._draft_group(r, dts, d, sel, k[sel], plan.conf_cut, rid, ctx, gen0)
+        return dts
 
-    def _draft_group(self, r: _Run, sp: _Spec, d: int, sel, k_asked, cut, rid, ctx, gen0) -> None:
+    def _draft_group(self, r: _Run, sp: Drafts, d: int, sel, k_asked, cut, rid, ctx, gen0) -> None:
         """Drafter d drafts for the requests ``sel`` (indices into the step's n requests)."""
         ks = k_asked
         if self._limit is not None:
@@ -417,26 +440,26 @@ class SimEngine:
         acc_d, conf_d = self.proc.draw(rid[sel], gen0[sel], d, kmx)  # (g, kmx) each
         if conf_d is not None and cut is not None:
             run = np.cumprod(conf_d, axis=1)
-            ok = np.cumprod(run >= np.asarray(cut, dtype=np.float64)[sel][:, None], axis=1).sum(axis=1)
+            ok = accepted_run(run >= cut[sel][:, None])
             # drafting stops after the token whose running confidence fell below the cut; that token
             # is drafted already (its pass is paid) and stays, for ``prune`` to drop if verifying it
             # does not pay
             dsel = psel = np.minimum(ks, ok + 1)
         else:
             dsel, psel = ks, ks
-        sp.drafted[sel] = dsel
-        sp.lead[sel] = np.cumprod(acc_d, axis=1).sum(axis=1)
+        sp.count[sel] = dsel
+        sp.lead[sel] = accepted_run(acc_d)
         if conf_d is not None:
             if sp.confidence is None:
-                sp.confidence = np.full((sp.drafted.size, max(self.cfg.max_k, 1)), np.nan)
+                sp.confidence = np.full((sp.count.size, max(self.cfg.max_k, 1)), np.nan)
             sp.confidence[sel, :kmx] = np.where(self._jidx[:kmx][None, :] < dsel[:, None], conf_d, np.nan)
         lag = r.slots.lag[r.slots.dec[sel], d]
         # a lookup that finds nothing still pays for looking
         td, fc, fb, fp = self._draft_cost(d, ctx[sel], psel if self._stateful[d] else k_asked, lag)
-        sp.t_draft += self._noisy(td, self._sigma_d[d])
-        sp.draft_ctx_tokens += fc
-        sp.draft_batched_tokens += fb
-        sp.draft_passes += fp
+        sp.ms += self._noisy(td, self._sigma_d[d])
+        sp.ctx_tokens += fc
+        sp.batched_tokens += fb
+        sp.passes += fp
 
     def _take_chunks(self, r: _Run, decode_tokens: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Chunked prefill: (slots, chunk lengths, prompt tokens they already prefilled) of the pending
@@ -535,24 +558,17 @@ class SimEngine:
 
     def _observe(self, r: _Run, view: StepView, sp: _Spec, finished, t_verify: float, t_total: float,
                  ch_tok: int, chunk_prior: int) -> None:
-        outcome = StepOutcome(
-            slots=view.slots, request_ids=view.request_ids, drafter=sp.drafter, ctx_lens=view.ctx_lens,
-            drafted=sp.drafted, verified=sp.verified, accepted=sp.accepted, confidence=sp.confidence,
-            category=view.category, draft_ms=sp.t_draft, verify_ms=t_verify, total_ms=t_total,
-            draft_passes=sp.draft_passes, draft_ctx_tokens=sp.draft_ctx_tokens,
-            draft_batched_tokens=sp.draft_batched_tokens, finished=finished, now=r.clock.now, step=r.clock.step,
-            prefill_tokens=ch_tok, prefill_ctx_tokens=chunk_prior,
-        )
+        """Step 7: the outcome the policy observes (every request reports the drafter decided)."""
+        outcome = step_outcome(view, sp.step, sp.drafter, finished, verify_ms=t_verify, total_ms=t_total,
+                               now=r.clock.now, step=r.clock.step, prefill_tokens=ch_tok, prefill_ctx_tokens=chunk_prior)
         r.policy.observe(outcome)
         r.tally.add_series(r.clock.now, view.n, sp.ksum, int(sp.accepted.sum()), sp.vsum)
 
     # -- pieces of the loop ---------------------------------------------------------------------------
     def _empty_view(self, K, cfg, now, step, waiting) -> StepView:
         z = np.zeros(0, dtype=I64)
-        return StepView(slots=z, request_ids=z, ctx_lens=z, remaining=z, k_cap=z, drafter=z,
-                        draft_lag=np.zeros((0, max(len(self.drafters), 1)), dtype=I64), free_kv_slots=cfg.kv_tokens,
-                        token_budget=cfg.token_budget, max_k=K, drafters=self.drafters, now=now, step=step,
-                        waiting=waiting)
+        return build_view(slots=z, request_ids=z, ctx_lens=z, remaining=z, drafters=self.drafters, max_k=K,
+                          token_budget=cfg.token_budget, free_kv_slots=cfg.kv_tokens, now=now, step=step, waiting=waiting)
 
     def _prefill_mask(self, decision: Decision) -> np.ndarray:
         """(m,) the drafters whose state this iteration's prompts prefill."""
@@ -646,22 +662,6 @@ class SimEngine:
         r.tally.add_series(r.clock.now, n, 0, 0, 0)
         self._retire(r, dec)
         r.clock.step += j
-
-    @staticmethod
-    def _fit_budget(k: np.ndarray, n: int, budget: int, free_kv: int) -> np.ndarray:
-        """Trim the longest drafts until n + sum k fits the token budget and sum k the free KV."""
-        limit = min(budget - n, free_kv)
-        total = int(k.sum())
-        if total <= limit:
-            return k
-        k = k.copy()
-        limit = max(limit, 0)
-        while int(k.sum()) > limit:
-            top = int(k.max())
-            k[k == top] -= 1
-            if int(k.sum()) < limit:
-                break
-        return np.maximum(k, 0)
 
     def _retire(self, r: _Run, slots: np.ndarray) -> None:
         """Free the slots of finished requests and their KV; stamp their finish time."""

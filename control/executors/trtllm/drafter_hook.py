@@ -46,16 +46,18 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from control.errors import ConfigError
+from control.executors.step.clamp import clamp_decision
+from control.executors.step.ngram import ngram_propose
+from control.executors.step.view import build_view
 from control.executors.trtllm import require_tensorrt_llm
 from control.executors.trtllm.granularity import hook_granularity
-from control.executors.trtllm.orchestrator import ngram_propose
-from control.policy.types import I64, Policy, StepOutcome, StepView
+from control.policy.types import I64, Policy, StepOutcome
 
 Proposer = Callable[[np.ndarray, int], np.ndarray]
 
 
 def ngram_proposer(n: int = 3) -> Proposer:
-    return lambda tokens, k: ngram_propose(tokens, k, n)
+    return lambda tokens, k: ngram_propose(tokens, k, max_n=n)
 
 
 class KPlanner:
@@ -114,16 +116,15 @@ class KPlanner:
         return out
 
     def plan(self, rids: Sequence[int], ctx_lens, remaining, k_cap=None) -> np.ndarray:
-        """k per request for this iteration."""
+        """k per request for this iteration: the policy's decision through the step kernel's clamp."""
         n = len(rids)
-        slots = self._slots(rids)
-        view = StepView.build(slots=slots, request_ids=np.asarray(rids, dtype=I64), ctx_lens=ctx_lens,
-                              remaining=remaining, drafters=self.drafters, max_k=self.max_k,
-                              free_kv_slots=self.token_budget * 64, token_budget=self.token_budget, k_cap=k_cap,
-                              drafter=np.zeros(n, dtype=I64), step=self._step, now=time.monotonic(),
-                              verify=self.verify)
+        view = build_view(slots=self._slots(rids), request_ids=np.asarray(rids, dtype=I64),
+                          ctx_lens=np.asarray(ctx_lens, dtype=I64), remaining=np.asarray(remaining, dtype=I64),
+                          drafters=self.drafters, max_k=self.max_k, token_budget=self.token_budget,
+                          k_cap=None if k_cap is None else np.asarray(k_cap, dtype=I64), drafter=np.zeros(n, dtype=I64),
+                          step=self._step, now=time.monotonic(), verify=self.verify)
         self._step += 1
-        k = np.asarray(self.policy.decide(view).k, dtype=I64)
+        k = clamp_decision(view, self.policy.decide(view), 1, 0, str(getattr(self.policy, "name", self.policy))).k
         self.last_k = k
         return k
 

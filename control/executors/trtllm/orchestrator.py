@@ -2,8 +2,9 @@
 
 Each ``step()`` serves every active request once:
 
-1. the controller decides k per request (``policy.decide(StepView)``), capped by the request's
-   ``num_draft_tokens`` and what it may still generate;
+1. the controller decides k per request (``policy.decide(StepView)``); the step kernel
+   (``control/executors/step``, which runs steps 2-3 over ``_BlsParts``) clamps it by its one rule:
+   the request's ``num_draft_tokens``, what it may still generate, the token budget;
 2. drafting: requests with k > 0 get k draft tokens, from the draft engine (one ``tensorrt_llm_draft``
    request each: the whole sequence in, k tokens out) or from n-gram prompt lookup in process;
 3. verification: one ``tensorrt_llm`` request per active request (the sequence plus its drafts as
@@ -34,10 +35,15 @@ from typing import Protocol
 import numpy as np
 
 from control.errors import ConfigError, SpecctlError
+from control.executors.step.clamp import Clamped
+from control.executors.step.kernel import Drafts, Verdict, run_step, step_outcome
+from control.executors.step.ngram import ngram_propose
+from control.executors.step.stop import StopRules, apply_stop
+from control.executors.step.view import build_view
 from control.executors.trtllm.granularity import BLS_GRANULARITY
 from control.executors.trtllm.tensors import generate_request, output_tokens, verified_tokens, verify_request
 from control.plan import Plan, parse_plan
-from control.policy.types import I64, Policy, StepOutcome, StepView
+from control.policy.types import I64, Decision, Policy, StepView
 
 # The BLS's drafting methods and the profile drafter kind each one is costed as.
 DRAFTER_KINDS = {"draft_target": "draft_model", "ngram": "ngram"}
@@ -65,22 +71,6 @@ class EngineClient(Protocol):
     run at all)."""
 
     def run(self, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]: ...
-
-
-def ngram_propose(seq: np.ndarray, k: int, n: int) -> np.ndarray:
-    """Prompt lookup: the k tokens that followed the latest earlier occurrence of the sequence's last
-    m tokens, for the longest m <= n that occurs; empty when nothing matches."""
-    L = seq.size
-    if k <= 0 or L < 2:
-        return seq[:0]
-    for m in range(min(n, L - 1), 0, -1):
-        tail = seq[L - m:]
-        windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], m)
-        hits = np.flatnonzero((windows == tail).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + m
-            return seq[start:start + k].copy()
-    return seq[:0]
 
 
 TokenSink = Callable[[np.ndarray, bool], None]  # (new tokens, finished)
@@ -117,6 +107,47 @@ class StepRecord:
     drafted: np.ndarray
     accepted: np.ndarray
     emitted: np.ndarray
+
+
+class _BlsParts:
+    """The BLS's ``StepParts``: drafts from the draft engine or n-gram lookup, verification by one
+    target engine request per request (whose answer is the target's own tokens). Requests an engine
+    fails land in ``failed`` (index -> message) and leave the step."""
+
+    n_drafters = 1  # the deployment's one drafter
+    default_drafter = 0
+
+    def __init__(self, orch: SpecOrchestrator, reqs: list[_Req], t0: float) -> None:
+        self.orch, self.reqs, self.t0 = orch, reqs, t0  # t0: the step's start (draft_ms counts from it)
+        self.failed: dict[int, str] = {}
+        self.drafts: list[np.ndarray] = []
+        self.new: list[np.ndarray | None] = [None] * len(reqs)  # the target's tokens per request
+
+    def refused(self, view: StepView, error: Exception) -> None:
+        raise error
+
+    def draft(self, view: StepView, plan: Clamped) -> Drafts:
+        self.drafts = self.orch._draft(self.reqs, plan.k, self.failed)
+        count = np.fromiter((d.size for d in self.drafts), I64, len(self.reqs))  # (n,)
+        return Drafts(count, ms=(time.perf_counter() - self.t0) * 1e3)
+
+    def prune(self, view: StepView, decision: Decision, drafts: Drafts) -> None:
+        return None  # the BLS verifies every drafted token
+
+    def verify(self, view: StepView, drafts: Drafts, verified: np.ndarray) -> Verdict:
+        t1 = time.perf_counter()
+        o = self.orch
+        answers = o._verify(self.reqs, self.drafts, self.failed)
+        ms = (time.perf_counter() - t1) * 1e3
+        accepted = np.zeros(len(self.reqs), dtype=I64)  # (n,)
+        for i, (r, d, ans) in enumerate(zip(self.reqs, self.drafts, answers, strict=True)):
+            if i in self.failed:
+                continue
+            try:
+                self.new[i], accepted[i] = verified_tokens(ans, d)
+            except SpecctlError as e:
+                self.failed[i] = f"{o.target_model}: request {r.rid}: {e}"
+        return Verdict(accepted, ms=ms)
 
 
 @dataclass
@@ -209,38 +240,44 @@ class SpecOrchestrator:
         if n == 0:
             return 0
         t0 = time.perf_counter()
-        slots = np.fromiter((r.slot for r in reqs), I64, n)
-        rids = np.fromiter((r.rid for r in reqs), I64, n)
-        ctx = np.fromiter((r.seq.size for r in reqs), I64, n)
-        remaining = np.fromiter((r.max_tokens - r.generated for r in reqs), I64, n)
-        k_cap = np.fromiter((r.k_cap for r in reqs), I64, n)
-        view = StepView.build(slots=slots, request_ids=rids, ctx_lens=ctx, remaining=remaining,
-                              drafters=self._drafters, max_k=self.max_k, free_kv_slots=self.token_budget * 64,
-                              token_budget=self.token_budget, k_cap=k_cap, drafter=np.zeros(n, dtype=I64),
-                              step=self._step, now=time.monotonic(), verify=self.verify_granularity)
-        decision = self.policy.decide(view)
-        k = np.minimum(np.asarray(decision.k, dtype=I64), np.maximum(np.minimum(k_cap, remaining - 1), 0))
+        view = build_view(
+            slots=np.fromiter((r.slot for r in reqs), I64, n), request_ids=np.fromiter((r.rid for r in reqs), I64, n),
+            ctx_lens=np.fromiter((r.seq.size for r in reqs), I64, n),
+            remaining=np.fromiter((r.max_tokens - r.generated for r in reqs), I64, n),
+            k_cap=np.fromiter((r.k_cap for r in reqs), I64, n), drafter=np.zeros(n, dtype=I64),
+            drafters=self._drafters, max_k=self.max_k, token_budget=self.token_budget, step=self._step,
+            now=time.monotonic(), verify=self.verify_granularity,
+        )
+        parts = _BlsParts(self, reqs, t0)
+        res = run_step(view, self.policy.decide(view), parts, str(getattr(self.policy, "name", self.policy)))
+        drafted = res.drafts.count  # (n,) a request an engine failed drafted nothing the target judged
+        drafted[sorted(parts.failed)] = 0
+        res.verified = drafted
+        emitted, finished = self._deliver(reqs, parts, res.verdict.accepted)
+        failed = parts.failed  # now with the requests whose tokens could not be delivered
+        unreported = self._fail([(reqs[i], msg) for i, msg in sorted(failed.items())])
+        left = [r.rid for r, _ in finished] + [reqs[i].rid for i in sorted(failed)]
+        self.policy.observe(step_outcome(view, res, np.zeros(n, dtype=I64), np.array(left, dtype=I64),
+                                         verify_ms=res.verdict.ms, total_ms=(time.perf_counter() - t0) * 1e3,
+                                         now=time.monotonic(), step=self._step))
+        if self.record:
+            self.history.append(StepRecord(self._step, view.request_ids, res.plan.k, drafted, res.verdict.accepted,
+                                           emitted))
+        self._step += 1
+        if unreported:
+            self._raise_unreported(unreported)
+        return n
 
-        failed: dict[int, str] = {}  # index in reqs -> message
-        drafts = self._draft(reqs, k, failed)
-        t1 = time.perf_counter()
-        answers = self._verify(reqs, drafts, failed)
-        t2 = time.perf_counter()
-
-        drafted = np.fromiter((d.size for d in drafts), I64, n)
-        accepted = np.zeros(n, dtype=I64)
-        emitted = np.zeros(n, dtype=I64)
+    def _deliver(self, reqs: list[_Req], parts: _BlsParts, accepted: np.ndarray,
+                 ) -> tuple[np.ndarray, list[tuple[_Req, np.ndarray]]]:
+        """Step 6: commit each verified request's tokens with the stop rules and stream them (a
+        finished request's go with its end); returns (tokens emitted (n,), finished requests)."""
+        emitted = np.zeros(len(reqs), dtype=I64)
         finished: list[tuple[_Req, np.ndarray]] = []
-        for i, (r, d, ans) in enumerate(zip(reqs, drafts, answers, strict=True)):
-            if i in failed:
-                drafted[i] = 0
+        for i, r in enumerate(reqs):
+            if i in parts.failed:
                 continue
-            try:
-                new, accepted[i], done = self._commit(r, d, ans)
-            except SpecctlError as e:
-                failed[i] = f"{self.target_model}: request {r.rid}: {e}"
-                drafted[i] = 0
-                continue
+            new, done = self._commit(r, parts.drafts[i], parts.new[i], int(accepted[i]))
             emitted[i] = new.size
             if done:
                 finished.append((r, new))
@@ -248,25 +285,11 @@ class SpecOrchestrator:
             try:
                 r.sink(new, False)
             except Exception as e:  # its client is gone or broken: end it, keep the others going
-                failed[i] = f"could not deliver tokens: {e}"
+                parts.failed[i] = f"could not deliver tokens: {e}"
         with self._lock:
             for r, new in finished:
                 self._finish(r, emit=new)
-        unreported = self._fail([(reqs[i], msg) for i, msg in sorted(failed.items())])
-        left = [r.rid for r, _ in finished] + [reqs[i].rid for i in sorted(failed)]
-        outcome = StepOutcome(
-            slots=slots, request_ids=rids, drafter=np.zeros(n, dtype=I64), ctx_lens=ctx, drafted=drafted,
-            verified=drafted, accepted=accepted, draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3,
-            total_ms=(time.perf_counter() - t0) * 1e3, finished=np.array(left, dtype=I64),
-            step=self._step, now=time.monotonic(),
-        )
-        self.policy.observe(outcome)
-        if self.record:
-            self.history.append(StepRecord(self._step, rids, k, drafted, accepted, emitted))
-        self._step += 1
-        if unreported:
-            self._raise_unreported(unreported)
-        return n
+        return emitted, finished
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         for _ in range(max_steps):
@@ -288,21 +311,14 @@ class SpecOrchestrator:
         return answers
 
     @staticmethod
-    def _commit(r: _Req, draft: np.ndarray, answer) -> tuple[np.ndarray, int, bool]:
-        """Append what the target returned (accepted + 1 .. k + 1 of its tokens), cut at max_tokens
-        and after end_id; returns (new tokens, drafts accepted, whether the request is done)."""
-        new, accepted = verified_tokens(answer, draft)
-        new = new[: r.max_tokens - r.generated]
-        done = r.generated + new.size >= r.max_tokens
-        if r.end_id is not None:
-            hit = np.flatnonzero(new == r.end_id)
-            if hit.size:
-                new = new[: hit[0] + 1]
-                done = True
+    def _commit(r: _Req, draft: np.ndarray, new: np.ndarray, accepted: int) -> tuple[np.ndarray, bool]:
+        """Append what the target returned (accepted + 1 .. k + 1 of its tokens) with the stop rules:
+        cut at max_tokens and after end_id (kept); returns (new tokens, whether the request is done)."""
+        new, reason = apply_stop(new, StopRules(r.max_tokens - r.generated, r.end_id, emit_end=True))
         r.seq = np.concatenate([r.seq, new])
         r.drafted_total += int(draft.size)
         r.accepted_total += accepted
-        return new, accepted, done
+        return new, reason is not None
 
     def _call(self, model: str, requests: list[dict[str, np.ndarray]]) -> list:
         if not requests:

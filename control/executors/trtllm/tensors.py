@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from control.errors import SpecctlError
+from control.executors.step.accept import accepted_run
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,8 @@ def verified_tokens(resp: dict[str, np.ndarray], draft: np.ndarray) -> tuple[np.
         raise SpecctlError(f"the target returned {new.size} tokens for {k} draft tokens (request_output_len {k + 1}); "
                            f"set exclude_input_in_output to true in the tensorrt_llm model's config")
     m = min(k, new.size - 1)
-    accepted = int(np.argmin(np.append(new[:m] == np.asarray(draft)[:m], False))) if m > 0 else 0
+    match = new[None, :m] == np.asarray(draft)[None, :m]  # (1, m): the target's token equals the draft's
+    accepted = int(accepted_run(match)[0])
     return new, accepted
 
 

@@ -1,0 +1,71 @@
+"""Acceptance, stop rules and the one n-gram proposer of the step kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.executors.base import FinishReason
+from control.executors.reference.sampling import PositionNoise
+from control.executors.step.accept import accept_coupled, accept_greedy, accepted_run
+from control.executors.step.ngram import ngram_propose
+from control.executors.step.stop import StopRules, apply_stop, emitted
+
+I64 = np.int64
+
+
+def test_accepted_run_counts_the_leading_accepts_only():
+    acc = np.array([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=bool)
+    assert accepted_run(acc).tolist() == [2, 0, 4]
+    assert accepted_run(np.zeros((2, 0), dtype=bool)).tolist() == [0, 0]
+
+
+def test_greedy_acceptance_stops_at_the_first_mismatch_or_the_verified_count():
+    drafts = np.array([[5, 6, 7], [5, 6, 7], [5, 9, 7]], dtype=I64)
+    target = np.array([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]], dtype=I64)
+    acc, bonus = accept_greedy(drafts, np.array([3, 1, 3], dtype=I64), target)
+    assert acc.tolist() == [3, 1, 1]
+    assert bonus.tolist() == [8, 6, 6]  # the target's token after the accepted prefix
+
+
+def test_coupled_acceptance_keeps_the_drafts_equal_to_the_targets_draws():
+    p = np.full((4, 10), 0.1)  # (v + 1, V)
+    noise = PositionNoise((7, 1))
+    draw = [noise.sample(p[j], 20 + j) for j in range(4)]  # the target's own draws at positions 20..23
+    wrong = (draw[2] + 1) % 10
+    assert accept_coupled(p, np.array([draw[0], draw[1], wrong]), noise, 20) == (2, draw[2])
+    assert accept_coupled(p, np.array(draw[:3]), noise, 20) == (3, draw[3])
+    assert accept_coupled(p[:1], np.zeros(0, dtype=I64), noise, 20) == (0, draw[0])
+
+
+def test_stop_rules_length_end_token_and_stop_words():
+    new = np.array([4, 5, 2, 6], dtype=I64)
+    toks, why = apply_stop(new, StopRules(room=2))
+    assert toks.tolist() == [4, 5] and why is FinishReason.length
+    toks, why = apply_stop(new, StopRules(room=9, end_id=2))
+    assert toks.tolist() == [4, 5] and why is FinishReason.stop  # the reference drops the end token
+    toks, why = apply_stop(new, StopRules(room=9, end_id=2, emit_end=True))
+    assert toks.tolist() == [4, 5, 2] and why is FinishReason.stop  # the BLS keeps it
+    toks, why = apply_stop(new, StopRules(room=9, stop_words=((8, 4, 5),)), generated=np.array([7, 8], dtype=I64))
+    assert toks.tolist() == [4, 5] and why is FinishReason.stop  # a stop word begun in an earlier step
+    toks, why = apply_stop(new, StopRules(room=9, end_id=0))
+    assert toks.tolist() == [4, 5, 2, 6] and why is None
+
+
+def test_emitted_is_accepted_plus_one_within_remaining():
+    assert emitted(np.array([0, 3, 3]), np.array([5, 2, 9])).tolist() == [1, 2, 4]
+
+
+def test_ngram_longest_suffix_latest_occurrence():
+    ctx = np.array([1, 2, 3, 9, 7, 2, 3, 8, 1, 2, 3], dtype=I64)
+    assert ngram_propose(ctx, 1).tolist() == [9]  # the trigram (1, 2, 3) beats the later bigram (2, 3) -> 8
+    assert ngram_propose(ctx, 1, max_n=2).tolist() == [8]  # the latest (2, 3)
+    assert ngram_propose(ctx, 0).size == 0
+    assert ngram_propose(np.array([1, 2, 3, 4], dtype=I64), 3).size == 0
+    assert ngram_propose(np.array([5], dtype=I64), 3).size == 0
+
+
+def test_ngram_proposal_is_a_copy():
+    ctx = np.array([1, 2, 1, 2], dtype=I64)
+    prop = ngram_propose(ctx, 2)
+    prop[:] = -1
+    assert ctx.tolist() == [1, 2, 1, 2]
