@@ -42,13 +42,13 @@ from control.profile import load_profile  # noqa: E402
 DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "h100" / "llama-3.1-8b+llama-3.2-1b.yaml"
 
 
-# adaptive's stages: (stage, attribute path on the policy or module function in control.policy.adaptive)
+# adaptive's stages: (stage, attribute path on the policy, or "module:function" in control.policy.adaptive)
 STAGES = (
-    ("survival", "survival"), ("weights", "_residence_weights"), ("optimiser", "admit_parametric"),
-    ("cuts", "_cuts"), ("pace", "_note_pace"),
-    ("tried", "_tried"), ("estimators", "_learn"), ("refit", "_refit"),
+    ("survival", "acceptance.survival"), ("weights", "optimise:residence_weights"),
+    ("optimiser", "optimise:optimizer_call"), ("cuts", "policy:confidence_cuts"), ("pace", "optimiser.note_pace"),
+    ("tried", "_tried"), ("estimators", "acceptance.learn"), ("refit", "_refit"),
     # the multi-drafter path (the drafter bandit): inside "decide other" / "observe other" otherwise
-    ("assign", "_assign_drafters"), ("thompson", "explore_probs"), ("rewards", "_rewards"),
+    ("assign", "choice.assign"), ("thompson", "choice.explore_probs"), ("rewards", "choice.rewards"),
     ("bandit update", "bandit.update"),
 )
 DECIDE_STAGES = ("survival", "weights", "optimiser", "cuts", "pace", "assign", "thompson")
@@ -80,18 +80,21 @@ class StageTimer:
 def instrument(pol, timer: StageTimer) -> list:
     """Wrap adaptive's stages on this policy instance (module functions: patched; undone by the
     returned callables)."""
-    import control.policy.adaptive as mod
+    import importlib
 
     undo = []
     for stage, attr in STAGES:
+        if ":" in attr:
+            mod_name, fn = attr.split(":")
+            mod = importlib.import_module(f"control.policy.adaptive.{mod_name}")
+            orig = getattr(mod, fn)
+            setattr(mod, fn, timer.wrap(stage, orig))
+            undo.append(lambda m=mod, a=fn, o=orig: setattr(m, a, o))
+            continue
         owner_name, _, leaf = attr.rpartition(".")
         owner = getattr(pol, owner_name, None) if owner_name else pol
         if owner is not None and hasattr(owner, leaf):
             setattr(owner, leaf, timer.wrap(stage, getattr(owner, leaf)))
-        elif not owner_name and hasattr(mod, attr):
-            orig = getattr(mod, attr)
-            setattr(mod, attr, timer.wrap(stage, orig))
-            undo.append(lambda a=attr, o=orig: setattr(mod, a, o))
     return undo
 
 

@@ -220,7 +220,7 @@ def test_adaptive_drafts_longer_once_it_sees_the_loop_cost_every_step_carries(pl
     gets drafts at least as long, and longer in total."""
     from dataclasses import replace
 
-    from control.policy.adaptive import REFIT_EVERY
+    from control.policy.adaptive.refit import REFIT_EVERY
 
     def run(loop_ms):
         pol = build_policy("adaptive", plan)

@@ -1,0 +1,125 @@
+"""Stage: survival. What ``adaptive`` believes about each request's acceptance, and how it learns.
+
+Per drafter i: pooled per-position rates ``pos[i]`` (conditional a[j] = P(position j accepted |
+j-1 accepted)), each request's own Beta-posterior rate ``req[i]`` shrunk to its category's rate
+(``cat``) or the drafter's pooled rate, and a calibration ``conf[i]`` from the drafter's running
+confidence to survival.
+
+Survival of request r's draft position j (``request_position_survival``):
+
+    logit(a[r, j]) = logit(pos_rate[j]) + logit(rate_r) - logit(pooled)
+    surv[r, j] = prod_{j' <= j} a[r, j']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.goodput.estimators import (
+    CategoryRates,
+    ConfidenceMap,
+    PositionRates,
+    RequestBeta,
+    request_position_survival,
+)
+from control.policy.types import StepOutcome, StepView
+
+CATEGORIES = 8  # category slots of the pooled per-category rates
+
+
+class AcceptanceModel:
+    """Per drafter: position rates, per-request posteriors, confidence calibration; plus categories."""
+
+    def __init__(self, prior_positions: np.ndarray, strength: float, slots: int, confidences: np.ndarray) -> None:
+        m, K = prior_positions.shape  # (m, K)
+        self.K = K
+        self.confidences = confidences  # (m,) bool: drafter reports confidences
+        self.pos = [PositionRates(K, prior=prior_positions[i]) for i in range(m)]
+        self.req = [RequestBeta(strength, capacity=slots) for _ in range(m)]
+        self.cat = CategoryRates(CATEGORIES)
+        self.conf = [ConfidenceMap() for _ in range(m)]
+        self._pos_idx = np.arange(K)[None, :]  # (1, K) draft positions, for masks over (n, K) arrays
+
+    def set_priors(self, prior_positions: np.ndarray) -> None:
+        for i, pr in enumerate(self.pos):
+            pr.set_prior(prior_positions[i])
+
+    def pooled_rate(self, i: int) -> float:
+        return self.pos[i].mean_rate
+
+    def reset(self, slots: np.ndarray) -> None:
+        """Forget the requests that held ``slots`` (new requests take them)."""
+        for r in self.req:
+            r.ensure(int(slots.max()))
+            r.reset(slots)
+
+    def survival(self, view: StepView, d_ctx: np.ndarray, uniform: bool) -> np.ndarray:
+        """(n, K) survival of each request's draft positions on its drafter ``d_ctx`` (n,) (``uniform``:
+        one drafter serves the whole batch)."""
+        if uniform:  # always so at batch 1: no masks
+            return self.survival_of(int(d_ctx[0]), view.slots, view.category)
+        surv = np.empty((view.n, self.K))  # (n, K)
+        for i in range(len(self.pos)):
+            sel = d_ctx == i  # (n,) bool
+            if not sel.any():
+                continue
+            surv[sel] = self.survival_of(i, view.slots[sel], None if view.category is None else view.category[sel])
+        return surv
+
+    def survival_of(self, i: int, slots: np.ndarray, category: np.ndarray | None) -> np.ndarray:
+        """(len(slots), K) survival on drafter ``i`` of the requests in ``slots``."""
+        pos = self.pos[i]
+        pooled = pos.mean_rate
+        prior = pooled if category is None else self.cat.rates(category, pooled)  # float or (n,)
+        rate = self.req[i].mean(slots, prior)  # (n,)
+        return request_position_survival(rate, pos.rates, pooled, pos.odds)
+
+    def learn(self, outcome: StepOutcome, d_ctx: np.ndarray, tried: np.ndarray, spec: np.ndarray, s: np.ndarray,
+              t: np.ndarray, uniform: bool) -> None:
+        """Update the estimators with the requests that drafted (``spec``, (n,) bool); ``tried`` (n,):
+        draft tokens counted as trials; ``s``, ``t`` (n,): their chain successes and trials."""
+        if uniform and d_ctx[0] >= 0 and (outcome.n == 1 or spec.all()):  # one known drafter, everyone drafted
+            # (at batch 1 the caller saw that it drafted): no masks
+            i = int(d_ctx[0])
+            self.pos[i].update(tried, outcome.accepted, t)
+            self.req[i].update(outcome.slots, s, t)
+        else:
+            for i in range(len(self.pos)):
+                sel = spec & (d_ctx == i)  # (n,) bool
+                if not sel.any():
+                    continue
+                self.pos[i].update(tried[sel], outcome.accepted[sel], t[sel])
+                self.req[i].update(outcome.slots[sel], s[sel], t[sel])
+        if outcome.category is not None:
+            self.cat.update(outcome.category[spec], s[spec], t[spec])
+        if outcome.confidence is not None and self.confidences.any():
+            self.calibrate(outcome, d_ctx, spec)
+
+    def calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
+        """Feed each confidence-reporting drafter's map the (running confidence, survived) pairs of
+        the tokens it drafted this step."""
+        conf = outcome.confidence  # (n, >= w)
+        w = min(conf.shape[1], self.K)
+        pos = self._pos_idx[:, :w]  # (1, w)
+        drafted = (pos < outcome.drafted[:, None]) & np.isfinite(conf[:, :w])  # (n, w) bool
+        if not drafted.any():
+            return
+        prod = np.cumprod(np.where(drafted, conf[:, :w], 1.0), axis=1)  # (n, w) running confidence per drafted token
+        hit = (pos < outcome.accepted[:, None]) & drafted  # (n, w) bool: observed survival
+        for i in drafters_in(d_ctx[spec]):
+            if i < 0 or not self.confidences[i]:
+                continue
+            rows = spec & (d_ctx == i)  # (n,) bool
+            self.conf[i].update(prod[rows][drafted[rows]], hit[rows][drafted[rows]])
+
+
+def is_uniform(d: np.ndarray) -> bool:
+    """Whether one drafter index fills ``d`` (n,)."""
+    return d.size == 1 or bool((d == d[0]).all())
+
+
+def drafters_in(d: np.ndarray) -> np.ndarray:
+    """The distinct drafter indices in ``d`` (n,) (np.unique's sort, skipped for the usual one drafter)."""
+    if d.size == 0 or is_uniform(d):
+        return d[:1]
+    return np.unique(d)
