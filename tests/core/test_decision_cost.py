@@ -1,9 +1,11 @@
-"""The controller's fast paths decide exactly as the code did before them.
+"""The controller decides as recorded: its numeric fast paths change no decision.
 
-``data/adaptive_decisions.npz`` holds adaptive's decisions on ``decision_trace``'s step sequence,
-recorded before the fast paths existed. Draft lengths, drafters and the gate's choices must match
-exactly; predicted times, tokens and confidence cuts to rounding (the fast paths sum in another
-order).
+``data/adaptive_decisions.npz`` holds adaptive's decisions on ``decision_trace``'s step sequence:
+deciding fully every step (``adaptive-every-step``, recorded before the optimiser's numeric fast
+paths existed), and as built, a full decision every few steps with look-ups between (``adaptive``,
+recorded with ``python -m tests.core.decision_trace`` when the held decisions came in). Draft
+lengths, drafters and the gate's choices must match exactly; predicted times, tokens and confidence
+cuts to rounding (the fast paths sum in another order).
 """
 
 from pathlib import Path
