@@ -162,3 +162,40 @@ def test_refit_stage_rebuilds_the_cost_model_every_refit_period_from_measured_ti
         rebuilt = got if got is not None else rebuilt
     v = _view(n)
     assert rebuilt.verify_ms(v.ctx_lens, np.full(n, 2)) > 2.0 * ctx.cost.verify_ms(v.ctx_lens, np.full(n, 2))
+
+
+def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_one():
+    """``learn_pooled`` over queued steps (two drafters, categories, confidences, steps where nobody
+    drafted) leaves the pooled estimators as ``learn`` step by step does, to rounding."""
+    from control.goodput.estimators import chain_trials
+    from control.policy.adaptive.survival import PooledRows
+
+    ctx = _ctx()
+    conf_on = np.array([True, False])
+    one, many = (AcceptanceModel(ctx.prior_positions, 8.0, 64, conf_on) for _ in range(2))
+    rows = PooledRows(K)
+    rng = np.random.default_rng(5)
+    for step in range(12):
+        n = int(rng.integers(1, 7))
+        d = rng.integers(0, 2, n)
+        drafted = rng.integers(0, K + 1, n) * (step % 5 != 3)  # step 3 and 8: nobody drafts
+        accepted = np.minimum(rng.integers(0, K + 1, n), drafted)
+        conf = np.where(np.arange(K)[None, :] < drafted[:, None], rng.uniform(0.05, 1.0, (n, K)), np.nan)
+        out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=d, ctx_lens=np.full(n, 300),
+                          drafted=drafted, verified=drafted, accepted=accepted, confidence=conf,
+                          category=rng.integers(-1, 4, n), step=step)
+        s, t = chain_trials(drafted, accepted)
+        spec = drafted > 0
+        if not spec.any():
+            continue
+        uniform = bool((d == d[0]).all())
+        one.learn(out, d, drafted, spec, s, t, uniform)
+        many.learn_request(out.slots, d, s, t, spec, uniform)
+        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf)
+    many.learn_pooled(rows)
+    for i in range(2):
+        np.testing.assert_allclose(many.pos[i]._counts, one.pos[i]._counts, rtol=1e-12)
+        np.testing.assert_array_equal(many.req[i].t, one.req[i].t)
+    np.testing.assert_array_equal(many.cat.trials, one.cat.trials)
+    np.testing.assert_allclose(many.conf[0].hits, one.conf[0].hits, rtol=1e-12)
+    np.testing.assert_allclose(many.conf[0].n, one.conf[0].n, rtol=1e-12)

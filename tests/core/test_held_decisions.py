@@ -38,8 +38,8 @@ def _outcome(view, drafted, accepted, rng):
 def test_between_refreshes_a_step_looks_up_and_at_a_refresh_the_estimates_are_as_if_learned_every_step():
     """The same outcomes fed to a policy deciding fully every step and to one refreshing every 8:
     the second predicts only on refresh steps, and at each refresh its estimators, cost model and
-    confidence calibration hold exactly what the first learned (a draft model with confidences:
-    what it learns does not depend on the k asked)."""
+    confidence calibration hold what the first learned, exactly or to rounding (a draft model with
+    confidences: what it learns does not depend on the k asked)."""
     every, fast = _policy(1), _policy(8)
     rng = np.random.default_rng(0)
     rids = np.arange(5)
@@ -48,9 +48,11 @@ def test_between_refreshes_a_step_looks_up_and_at_a_refresh_the_estimates_are_as
         d_every, d_fast = every.decide(v), fast.decide(v)
         assert np.isfinite(d_fast.predicted_step_ms) == (step % 8 == 0), step
         if step % 8 == 0:
-            np.testing.assert_array_equal(fast.acceptance.pos[0].trials, every.acceptance.pos[0].trials)
+            # the pooled estimators learn the queued steps at once: the same to rounding
+            np.testing.assert_allclose(fast.acceptance.pos[0]._counts, every.acceptance.pos[0]._counts, rtol=1e-12)
             np.testing.assert_array_equal(fast.acceptance.req[0].s[:5], every.acceptance.req[0].s[:5])
-            np.testing.assert_array_equal(fast.acceptance.conf[0].hits, every.acceptance.conf[0].hits)
+            np.testing.assert_allclose(fast.acceptance.conf[0].hits, every.acceptance.conf[0].hits, rtol=1e-12)
+            np.testing.assert_allclose(fast.acceptance.conf[0].n, every.acceptance.conf[0].n, rtol=1e-12)
             assert fast._cost == every._cost
             if step == 0:  # the same first decision (later ones differ: paces and warm starts move per decision)
                 np.testing.assert_array_equal(d_fast.k, d_every.k)

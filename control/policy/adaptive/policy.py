@@ -43,7 +43,7 @@ from control.policy.adaptive.optimise import Optimiser
 from control.policy.adaptive.probes import probe_unmeasured
 from control.policy.adaptive.refit import CostRefit
 from control.policy.adaptive.step_plan import StepPlan
-from control.policy.adaptive.survival import AcceptanceModel, is_uniform
+from control.policy.adaptive.survival import AcceptanceModel, PooledRows, is_uniform
 from control.policy.adaptive.uniform_steps import UniformSteps
 from control.policy.base import I64, BasePolicy, PolicyContext
 from control.policy.gate import Gate
@@ -297,27 +297,34 @@ class AdaptivePolicy(BasePolicy):
                                   None if o.category is None else o.category.copy()), d_ctx, asked))
 
     def flush(self) -> None:
-        """Learn the queued outcomes and apply the queued slot resets, in the order they came."""
+        """Learn the queued outcomes and apply the queued slot resets, in the order they came (the
+        pooled estimators from all of them at once, ``AcceptanceModel.learn_pooled``)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
+        rows = PooledRows(self.K)
         for item in pending:
             if item[0] is None:
                 self._reset_now(item[1])
                 continue
             o, (slots, ctx_lens, drafted, verified, accepted, confidence, category), d_ctx, asked = item
             self._learn(replace(o, slots=slots, ctx_lens=ctx_lens, drafted=drafted, verified=verified,
-                                accepted=accepted, confidence=confidence, category=category), d_ctx, asked)
+                                accepted=accepted, confidence=confidence, category=category), d_ctx, asked, rows)
+        self.acceptance.learn_pooled(rows)
 
-    def _learn(self, outcome: StepOutcome, d_ctx: np.ndarray, asked: np.ndarray) -> None:
+    def _learn(self, outcome: StepOutcome, d_ctx: np.ndarray, asked: np.ndarray, rows: PooledRows | None = None) -> None:
+        """Learn one outcome (``rows``: collect what the pooled estimators learn, for the caller)."""
         uniform = is_uniform(d_ctx)
         tried = self._tried(outcome, d_ctx, uniform, asked)  # (n,)
         s, t = chain_trials(tried, outcome.accepted)  # (n,), (n,)
         spec = tried > 0  # (n,) bool
-        if spec[0] if outcome.n == 1 else spec.any():  # (plain bools instead of reductions)
+        if not (spec[0] if outcome.n == 1 else spec.any()):  # (plain bools instead of reductions)
+            spec = None
+        elif rows is None:
             self.acceptance.learn(outcome, d_ctx, tried, spec, s, t, uniform)
         else:
-            spec = None
+            self.acceptance.learn_request(outcome.slots, d_ctx, s, t, spec, uniform)
+            rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence)
         self._refit(outcome, d_ctx, uniform)
         if spec is not None and self.bandit is not None:
             mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing

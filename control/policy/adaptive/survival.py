@@ -95,6 +95,55 @@ class AcceptanceModel:
         if outcome.confidence is not None and self.confidences.any():
             self.calibrate(outcome, d_ctx, spec)
 
+    def learn_request(self, slots: np.ndarray, d_ctx: np.ndarray, s: np.ndarray, t: np.ndarray, spec: np.ndarray,
+                      uniform: bool) -> None:
+        """The per-request posteriors alone (``learn``'s first part, for ``learn_pooled``'s caller):
+        slot state, so learned in the order of the steps, between the slot resets."""
+        if uniform and d_ctx[0] >= 0 and (slots.shape[0] == 1 or spec.all()):
+            self.req[int(d_ctx[0])].update(slots, s, t)
+            return
+        for i in range(len(self.req)):
+            sel = spec & (d_ctx == i)  # (n,) bool
+            if sel.any():
+                self.req[i].update(slots[sel], s[sel], t[sel])
+
+    def learn_pooled(self, rows: PooledRows) -> None:
+        """The pooled estimators (per position, per category, confidence calibration) from several
+        steps' rows at once, as learning them step by step would leave them (to rounding): an
+        estimator that decays per update weighs a row by decay ** (its updates after the row's step)."""
+        if not rows.steps:
+            return
+        r = rows.cat()
+        for i in range(len(self.pos)):
+            sel = r["spec"] & (r["d"] == i)  # (rows,) bool
+            if sel.any():
+                age, steps = _ages(r["step"][sel])
+                self.pos[i].update_steps(r["accepted"][sel], r["t"][sel], age, steps)
+        if r["category"] is not None:
+            spec = r["spec"]
+            self.cat.update(r["category"][spec], r["s"][spec], r["t"][spec])
+        if r["conf"] is not None and self.confidences.any():
+            self._calibrate_rows(r)
+
+    def _calibrate_rows(self, r: dict) -> None:
+        conf = r["conf"]  # (rows, K), NaN where nothing was drafted
+        pos = self._pos_idx[:, : conf.shape[1]]  # (1, K)
+        drafted = (pos < r["drafted"][:, None]) & np.isfinite(conf)  # (rows, K) bool
+        prod = np.cumprod(np.where(drafted, conf, 1.0), axis=1)  # (rows, K) running confidence
+        hit = (pos < r["accepted"][:, None]) & drafted  # (rows, K) bool: observed survival
+        any_drafted = np.bincount(r["step"], weights=drafted.any(axis=1), minlength=r["steps"]) > 0  # (steps,)
+        for i in np.flatnonzero(self.confidences):
+            mine = r["spec"] & (r["d"] == i)  # (rows,) bool
+            updated = np.zeros(r["steps"], dtype=bool)  # (steps,) steps whose update reached this map
+            updated[r["step"][mine]] = True
+            updated &= any_drafted
+            if not updated.any():
+                continue
+            ages_by_step = np.cumsum(updated[::-1])[::-1] - updated  # (steps,) updates after each step
+            rows = mine & updated[r["step"]]
+            age = np.repeat(ages_by_step[r["step"][rows]], drafted[rows].sum(axis=1))  # (tokens,)
+            self.conf[i].update_steps(prod[rows][drafted[rows]], hit[rows][drafted[rows]], age, int(updated.sum()))
+
     def calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
         """Feed each confidence-reporting drafter's map the (running confidence, survived) pairs of
         the tokens it drafted this step."""
@@ -111,6 +160,50 @@ class AcceptanceModel:
                 continue
             rows = spec & (d_ctx == i)  # (n,) bool
             self.conf[i].update(prod[rows][drafted[rows]], hit[rows][drafted[rows]])
+
+
+class PooledRows:
+    """Several steps' outcomes, row by row, for ``AcceptanceModel.learn_pooled``."""
+
+    def __init__(self, K: int) -> None:
+        self.K = K
+        self.steps = 0
+        self._parts: list[tuple] = []
+
+    def add(self, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence) -> None:
+        """One step's (n,) arrays (``confidence`` (n, >= 1) or None) that learned anything (some ``spec``)."""
+        self._parts.append((self.steps, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence))
+        self.steps += 1
+
+    def cat(self) -> dict:
+        """The rows of every step, concatenated (``step``: each row's step index)."""
+        parts = self._parts
+        names = ("d", "tried", "accepted", "s", "t", "spec", "drafted")
+        r = {k: np.concatenate([p[j + 1] for p in parts]) for j, k in enumerate(names)}
+        r["step"] = np.repeat(np.arange(len(parts)), [p[1].shape[0] for p in parts])
+        r["steps"] = len(parts)
+        r["category"] = r["conf"] = None  # steps without them: category -1 (unknown), confidences NaN
+        if any(p[8] is not None for p in parts):
+            r["category"] = np.concatenate([np.full(p[1].shape[0], -1) if p[8] is None else p[8] for p in parts])
+        if any(p[9] is not None for p in parts):
+            K = self.K
+            r["conf"] = np.concatenate([np.full((p[1].shape[0], K), np.nan) if p[9] is None else _width(p[9], K)
+                                        for p in parts])  # (rows, K)
+        return r
+
+
+def _width(conf: np.ndarray, K: int) -> np.ndarray:
+    """(n, K): ``conf``'s first K columns, NaN-padded to K."""
+    if conf.shape[1] >= K:
+        return conf[:, :K]
+    return np.concatenate([conf, np.full((conf.shape[0], K - conf.shape[1]), np.nan)], axis=1)
+
+
+def _ages(step: np.ndarray) -> tuple[np.ndarray, int]:
+    """For rows of steps ``step`` (rows,), non-decreasing: each row's number of later distinct steps
+    among them, and the number of distinct steps."""
+    steps = np.unique(step)  # (updates,)
+    return (steps.size - 1) - np.searchsorted(steps, step), int(steps.size)
 
 
 def is_uniform(d: np.ndarray) -> bool:
