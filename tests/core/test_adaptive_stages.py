@@ -191,7 +191,7 @@ def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_on
         uniform = bool((d == d[0]).all())
         one.learn(out, d, drafted, spec, s, t, uniform)
         many.learn_request(out.slots, d, s, t, spec, uniform)
-        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf)
+        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf, uniform)
     many.learn_pooled(rows)
     for i in range(2):
         np.testing.assert_allclose(many.pos[i]._counts, one.pos[i]._counts, rtol=1e-12)

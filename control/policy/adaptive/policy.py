@@ -324,7 +324,8 @@ class AdaptivePolicy(BasePolicy):
             self.acceptance.learn(outcome, d_ctx, tried, spec, s, t, uniform)
         else:
             self.acceptance.learn_request(outcome.slots, d_ctx, s, t, spec, uniform)
-            rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence)
+            rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence,
+                     uniform)
         self._refit(outcome, d_ctx, uniform)
         if spec is not None and self.bandit is not None:
             mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing

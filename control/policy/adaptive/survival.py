@@ -113,36 +113,42 @@ class AcceptanceModel:
         estimator that decays per update weighs a row by decay ** (its updates after the row's step)."""
         if not rows.steps:
             return
-        r = rows.cat()
-        for i in range(len(self.pos)):
-            sel = r["spec"] & (r["d"] == i)  # (rows,) bool
-            if sel.any():
-                age, steps = _ages(r["step"][sel])
-                self.pos[i].update_steps(r["accepted"][sel], r["t"][sel], age, steps)
-        if r["category"] is not None:
-            spec = r["spec"]
-            self.cat.update(r["category"][spec], r["s"][spec], r["t"][spec])
-        if r["conf"] is not None and self.confidences.any():
-            self._calibrate_rows(r)
+        acc, t, step = rows.col("accepted"), rows.col("t"), rows.col("step")
+        if rows.one >= 0:  # one drafter learned from every row: each step is one of its updates
+            self.pos[rows.one].update_steps(acc, t, (rows.steps - 1) - step, rows.steps)
+        else:
+            spec, d = rows.col("spec"), rows.col("d")
+            for i in range(len(self.pos)):
+                sel = spec & (d == i)  # (rows,) bool
+                if sel.any():
+                    age, steps = _ages(step[sel])
+                    self.pos[i].update_steps(acc[sel], t[sel], age, steps)
+        category = rows.col("category")
+        if category is not None:
+            spec = rows.col("spec")
+            self.cat.update(category[spec], rows.col("s")[spec], t[spec])
+        if self.confidences.any() and rows.col("conf") is not None:
+            self._calibrate_rows(rows)
 
-    def _calibrate_rows(self, r: dict) -> None:
-        conf = r["conf"]  # (rows, K), NaN where nothing was drafted
+    def _calibrate_rows(self, rows: PooledRows) -> None:
+        conf = rows.col("conf")  # (rows, K), NaN where nothing was drafted
+        step, spec, d, steps = rows.col("step"), rows.col("spec"), rows.col("d"), rows.steps
         pos = self._pos_idx[:, : conf.shape[1]]  # (1, K)
-        drafted = (pos < r["drafted"][:, None]) & np.isfinite(conf)  # (rows, K) bool
+        drafted = (pos < rows.col("drafted")[:, None]) & np.isfinite(conf)  # (rows, K) bool
         prod = np.cumprod(np.where(drafted, conf, 1.0), axis=1)  # (rows, K) running confidence
-        hit = (pos < r["accepted"][:, None]) & drafted  # (rows, K) bool: observed survival
-        any_drafted = np.bincount(r["step"], weights=drafted.any(axis=1), minlength=r["steps"]) > 0  # (steps,)
+        hit = (pos < rows.col("accepted")[:, None]) & drafted  # (rows, K) bool: observed survival
+        any_drafted = np.bincount(step, weights=drafted.any(axis=1), minlength=steps) > 0  # (steps,)
         for i in np.flatnonzero(self.confidences):
-            mine = r["spec"] & (r["d"] == i)  # (rows,) bool
-            updated = np.zeros(r["steps"], dtype=bool)  # (steps,) steps whose update reached this map
-            updated[r["step"][mine]] = True
+            mine = spec & (d == i)  # (rows,) bool
+            updated = np.zeros(steps, dtype=bool)  # (steps,) steps whose update reached this map
+            updated[step[mine]] = True
             updated &= any_drafted
             if not updated.any():
                 continue
             ages_by_step = np.cumsum(updated[::-1])[::-1] - updated  # (steps,) updates after each step
-            rows = mine & updated[r["step"]]
-            age = np.repeat(ages_by_step[r["step"][rows]], drafted[rows].sum(axis=1))  # (tokens,)
-            self.conf[i].update_steps(prod[rows][drafted[rows]], hit[rows][drafted[rows]], age, int(updated.sum()))
+            sel = mine & updated[step]  # (rows,) bool
+            age = np.repeat(ages_by_step[step[sel]], drafted[sel].sum(axis=1))  # (tokens,)
+            self.conf[i].update_steps(prod[sel][drafted[sel]], hit[sel][drafted[sel]], age, int(updated.sum()))
 
     def calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
         """Feed each confidence-reporting drafter's map the (running confidence, survived) pairs of
@@ -165,31 +171,43 @@ class AcceptanceModel:
 class PooledRows:
     """Several steps' outcomes, row by row, for ``AcceptanceModel.learn_pooled``."""
 
+    NAMES = ("d", "tried", "accepted", "s", "t", "spec", "drafted", "category", "conf")
+
     def __init__(self, K: int) -> None:
         self.K = K
         self.steps = 0
         self._parts: list[tuple] = []
+        self._cols: dict[str, np.ndarray | None] = {}
+        self.one = -2  # the drafter of every row when each step had one drafter and every row drafted
+        # (-2: no step yet, -1: not so)
 
-    def add(self, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence) -> None:
+    def add(self, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, uniform: bool) -> None:
         """One step's (n,) arrays (``confidence`` (n, >= 1) or None) that learned anything (some ``spec``)."""
-        self._parts.append((self.steps, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence))
+        self._parts.append((d_ctx, tried, accepted, s, t, spec, drafted, category, confidence))
         self.steps += 1
+        i = int(d_ctx[0]) if uniform and d_ctx[0] >= 0 and (spec.shape[0] == 1 or spec.all()) else -1
+        self.one = i if self.one in (-2, i) else -1
 
-    def cat(self) -> dict:
-        """The rows of every step, concatenated (``step``: each row's step index)."""
+    def col(self, name: str) -> np.ndarray | None:
+        """Column ``name`` over every step's rows (``step``: each row's step index; steps without a
+        category: -1, unknown; without confidences: NaN; None where no step has them)."""
+        if name not in self._cols:
+            self._cols[name] = self._concat(name)
+        return self._cols[name]
+
+    def _concat(self, name: str) -> np.ndarray | None:
         parts = self._parts
-        names = ("d", "tried", "accepted", "s", "t", "spec", "drafted")
-        r = {k: np.concatenate([p[j + 1] for p in parts]) for j, k in enumerate(names)}
-        r["step"] = np.repeat(np.arange(len(parts)), [p[1].shape[0] for p in parts])
-        r["steps"] = len(parts)
-        r["category"] = r["conf"] = None  # steps without them: category -1 (unknown), confidences NaN
-        if any(p[8] is not None for p in parts):
-            r["category"] = np.concatenate([np.full(p[1].shape[0], -1) if p[8] is None else p[8] for p in parts])
-        if any(p[9] is not None for p in parts):
-            K = self.K
-            r["conf"] = np.concatenate([np.full((p[1].shape[0], K), np.nan) if p[9] is None else _width(p[9], K)
-                                        for p in parts])  # (rows, K)
-        return r
+        if name == "step":
+            return np.repeat(np.arange(len(parts)), [p[0].shape[0] for p in parts])
+        j = self.NAMES.index(name)
+        if name in ("category", "conf"):
+            if all(p[j] is None for p in parts):
+                return None
+            if name == "category":
+                return np.concatenate([np.full(p[0].shape[0], -1) if p[j] is None else p[j] for p in parts])
+            return np.concatenate([np.full((p[0].shape[0], self.K), np.nan) if p[j] is None else _width(p[j], self.K)
+                                   for p in parts])  # (rows, K)
+        return np.concatenate([p[j] for p in parts])
 
 
 def _width(conf: np.ndarray, K: int) -> np.ndarray:
