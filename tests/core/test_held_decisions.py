@@ -82,7 +82,8 @@ def test_a_request_arriving_between_refreshes_takes_the_tables_draft_length_and_
     v1 = _view(1, [10, 11, 99])  # request 12 left; 99 took its slot
     d = pol.decide(v1)
     rate = pol.acceptance.pooled_rate(0)  # (learned from step 0 when the table was built)
-    assert d.k[2] == pol.held.table[0, min(int(rate * RATE_BUCKETS), RATE_BUCKETS - 1)] == pol.held.new_k
+    table_k = pol.held.table[0, min(int(rate * RATE_BUCKETS), RATE_BUCKETS - 1)]
+    assert d.k[2] == pol.held.new_k == min(table_k, pol.held.depth)  # no deeper than the refresh's drafts
     assert not np.isfinite(d.predicted_step_ms)  # a look-up
     req = pol.req[0]  # flushes: the reset of slot 2 comes after request 12's outcome
     assert req.t[2] == 0.0 and req.s[2] == 0.0 and req.t[0] > 0.0

@@ -12,9 +12,11 @@ drafter and confidence cut, and per drafter d a table of draft lengths over the 
 with S_d the drafter's survival curve at that rate (``AcceptanceModel.survival_of``'s formula).
 Between refreshes a step only looks up: k = min(held k of the slot, cap); a request that arrived
 since the last refresh takes the drafter most requests drafted with and table[d, bucket(d's pooled
-rate)], its prior's draft length. The outcomes of those steps are queued in order and learned at
-the next refresh (``AdaptivePolicy.observe``), so the estimators end each refresh exactly as if
-they had learned every step; only the decisions in between are up to N - 1 steps stale.
+rate)], its prior's draft length, at most the refresh's deepest draft (the table prices tokens,
+not the draft passes a deeper draft adds to everyone's step). The outcomes of those steps are
+queued in order and learned at the next refresh (``AdaptivePolicy.flush``), so the estimators end
+each refresh as if they had learned every step; only the decisions in between are up to N - 1
+steps stale.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class HeldDecisions:
         self.new_drafter = 0  # its executor drafter
         self._table_for: tuple | None = None  # (plan, acceptance, favourite) the table waits to be built from
         self.has_cut = False  # the last full decision had confidence cuts
+        self.depth = 0  # the last full decision's deepest draft
         self.valid = False  # a full decision to hold exists
         self._step = -1  # step of the last full decision
         self._bucket = -1  # batch-size bucket of the last full decision
@@ -84,6 +87,7 @@ class HeldDecisions:
         if self.has_cut:
             self.cut[slots] = sp.conf_cut
         self.valid, self._step, self._bucket, self._map = True, sp.view.step, sp.n.bit_length(), to_exec
+        self.depth = int(choice.k.max(initial=0))  # the refresh's deepest draft
         ran = sp.d_ctx[(choice.k > 0) & (sp.d_ctx >= 0)]  # plan drafters that drafted
         fav = int(np.argmax(np.bincount(ran))) if ran.size else default
         self.new_drafter = max(int(to_exec[fav]), 0) if to_exec.size else 0
@@ -103,7 +107,7 @@ class HeldDecisions:
                 surv = request_position_survival(self._rates, pos.rates, pos.mean_rate, pos.odds)  # (RATE_BUCKETS, K)
                 self.table[int(d)] = np.cumprod(surv >= float(mine[mine.size // 2]), axis=1).sum(axis=1)
         bucket = min(int(acceptance.pooled_rate(fav) * RATE_BUCKETS), RATE_BUCKETS - 1)
-        self.new_k = int(self.table[fav, bucket])
+        self.new_k = min(int(self.table[fav, bucket]), self.depth)
 
     def invalidate(self) -> None:
         self.valid = False
