@@ -47,7 +47,6 @@ from control.profile import load_profile  # noqa: E402
 # the clock the decide/observe timings read (``--clock``): wall time, or this thread's CPU time, which
 # leaves out the time other jobs on a shared machine hold the CPU
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
-CLOCK = [time.perf_counter]
 DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "h100" / "llama-3.1-8b+llama-3.2-1b.yaml"
 
 
@@ -70,17 +69,18 @@ NESTED_STAGES = ("thompson",)  # inside another stage ("assign"): not subtracted
 class StageTimer:
     """Accumulates wall time per stage within a step; ``step()`` closes the step's row."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock = clock
         self.now: dict[str, float] = {}
         self.rows: list[dict[str, float]] = []
 
     def wrap(self, stage: str, fn):
         def timed(*args, **kw):
-            t0 = CLOCK[0]()
+            t0 = self.clock()
             try:
                 return fn(*args, **kw)
             finally:
-                self.now[stage] = self.now.get(stage, 0.0) + CLOCK[0]() - t0
+                self.now[stage] = self.now.get(stage, 0.0) + self.clock() - t0
         return timed
 
     def step(self) -> None:
@@ -109,7 +109,8 @@ def instrument(pol, timer: StageTimer) -> list:
     return undo
 
 
-def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 0, timer: StageTimer | None = None) -> dict:
+def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 0, timer: StageTimer | None = None,
+          clock=time.perf_counter) -> dict:
     rng = np.random.default_rng(seed)
     pol = build_policy(policy_name, plan, seed=seed)
     undo = instrument(pol, timer) if timer is not None else []
@@ -120,7 +121,6 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
     for step in range(steps):
         view.step = step
         view.ctx_lens += 1
-        clock = CLOCK[0]
         t0 = clock()
         d = pol.decide(view)
         t1 = clock()
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
                     help="time decide/observe by wall clock (default) or by this thread's CPU time (a shared machine)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    CLOCK[0] = CLOCKS[args.clock]
+    clock = CLOCKS[args.clock]
     if not Path(args.profile).is_file():
         print(f"decision_cost: profile '{args.profile}' not found; generate it with "
               "`specctl roofline --sku h100 --target llama-3.1-8b --draft llama-3.2-1b --out ...` or pass --profile",
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     rows = []
     for b in (int(x) for x in args.batches.split(",")):
         for p in args.policies.split(","):
-            rows.append(bench(p, plan, b, args.ctx, args.steps))
+            rows.append(bench(p, plan, b, args.ctx, args.steps, clock=clock))
     print(f"profile {profile.sku}/{profile.pair} ({profile.source}), K={args.max_k}, ctx ~{args.ctx}, clock {args.clock}")
     print("us per step: decide and observe medians; decide + observe amortised over full and held steps "
           "(each kind's median by its share of steps), mean, median, p99; share = amortised / step time")
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     if args.overlap:
         out["overlap"] = overlap_table(plan, args)
     if args.stages:
-        out["stages"] = stage_table(plan, [int(x) for x in args.batches.split(",")], args.ctx, args.steps)
+        out["stages"] = stage_table(plan, [int(x) for x in args.batches.split(",")], args.ctx, args.steps, clock)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
@@ -294,13 +294,13 @@ def overlap_table(plan, args) -> list[dict]:
     return rows
 
 
-def stage_table(plan, batches: list[int], ctx: int, steps: int) -> list[dict]:
+def stage_table(plan, batches: list[int], ctx: int, steps: int, clock=time.perf_counter) -> list[dict]:
     """adaptive's amortised time per stage per step (``amortised_us``), printed and returned ("other": decide + observe less the stages not nested in another)."""
     names = [s for s, _ in STAGES]
     table = []
     for b in batches:
-        timer = StageTimer()
-        bench("adaptive", plan, b, ctx, steps, timer=timer)
+        timer = StageTimer(clock)
+        bench("adaptive", plan, b, ctx, steps, timer=timer, clock=clock)
         rows = timer.rows[steps // 5:]
         full = np.array([r["full"] > 0 for r in rows])
 

@@ -84,7 +84,7 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     # the CPU pair's three drafters take the bandit's path (40 steps: mostly its first exploration stage)
     cpu = Path(__file__).resolve().parents[2] / "profiles" / "cpu" / "stdlib-quick.yaml"
     assert main(["--profile", str(cpu), "--ctx", "256", "--batches", "4", "--policies", "adaptive", "--steps", "40",
-                 "--stages", "--json", str(out)]) == 0
+                 "--stages", "--clock", "cpu", "--json", str(out)]) == 0
     (stages,) = json.loads(out.read_text())["stages"]
     for name in BANDIT_STAGES:
         assert stages[name] > 0, name
