@@ -2,7 +2,8 @@
 
 A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
 ``REFRESH_EVERY`` steps after it, when the batch size leaves its power-of-two bucket, when the
-executor's drafters or the gate's state changed. It leaves, per slot, the request's draft length,
+executor's drafters or the gate's state changed (``AdaptivePolicy`` refreshes every step while its
+drafter bandit chooses among several drafters). It leaves, per slot, the request's draft length,
 drafter and confidence cut, and per drafter d a table of draft lengths over the acceptance rate:
 
     tau_d = (upper) median over requests r on d of  g * next_cost_r / w_r   (the optimiser's marginal
