@@ -43,7 +43,7 @@ WEIGHTED = "adaptive-weighted"
 @contextmanager
 def weighted_adaptive():
     """Adaptive with residence-cost-weighted token values (see the module doc), for this block only."""
-    import control.policy.adaptive as adaptive_mod
+    import control.goodput.optimizer as adaptive_mod  # adaptive calls admit_parametric through this module
 
     orig = adaptive_mod.admit_parametric
 

@@ -1,13 +1,17 @@
 """What one-step-stale decisions cost in goodput: ``adaptive`` deciding fresh vs one step stale, on the simulator.
 
     python benchmarks/stale_decisions.py [--profile P] [--workload sharegpt] [--loads 0.1,...,1.1]
-        [--requests 400] [--seeds 2] [--json OUT]
+        [--requests 400] [--seeds 2] [--compare stale|held] [--json OUT]
 
 An engine that prepares step t+1 while step t runs on the GPU (TensorRT-LLM's overlap scheduler)
 decides from outcomes up to step t-1 (``control.policy.stale.OneStepStale``). Both variants replay
 the same arrivals, prompts and acceptance draws (same seed) at each load, a fraction of the
 no-speculation capacity. Reported per load: goodput (tokens per second of busy time) and mean
 latency of each, and stale / fresh, with the mean over seeds. The bar: goodput within 1% of fresh.
+
+``--compare held``: adaptive as built, which decides fully every few steps and looks its decisions
+up between (``control/policy/adaptive/held.py``), against adaptive deciding fully every step
+(``refresh_every=1``) as "fresh".
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 from control.bench.simrun import SimSetup, make_policy, measure_capacity, result_row, workload_at  # noqa: E402
 from control.bench.workloads import load_workload  # noqa: E402
 from control.executors.sim import AcceptanceProcess, SimEngine  # noqa: E402
+from control.policy.adaptive import AdaptivePolicy  # noqa: E402
+from control.policy.base import PolicyContext  # noqa: E402
 from control.policy.stale import OneStepStale  # noqa: E402
 from control.profile import load_profile  # noqa: E402
 
@@ -33,8 +39,10 @@ DEFAULT_PROFILE = ROOT / "profiles" / "h100" / "llama-3.1-8b+llama-3.2-1b.yaml"
 LOADS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"
 
 
-def run(setup: SimSetup, load: float, capacity: float, requests: int, seed: int, stale: bool) -> dict:
-    """One simulator run of adaptive (as ``simrun.run_policy`` builds it), optionally one step stale."""
+def run(setup: SimSetup, load: float, capacity: float, requests: int, seed: int, stale: bool,
+        every_step: bool = False) -> dict:
+    """One simulator run of adaptive (as ``simrun.run_policy`` builds it), optionally one step stale,
+    or (``every_step``) deciding fully every step."""
     w = workload_at(setup, load * capacity, requests, seed)
     rr = setup.rates(w, seed)
     proc = AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, setup.max_k, seed)
@@ -42,11 +50,14 @@ def run(setup: SimSetup, load: float, capacity: float, requests: int, seed: int,
                        w.output_tokens, proc, setup.config(seed),
                        category=w.category if w.categories else None,
                        mape={"target": setup.profile.models["target"].mape})
-    policy = make_policy("adaptive", setup.plan(), engine, seed)
+    if every_step:
+        policy = AdaptivePolicy(PolicyContext.from_plan(setup.plan()), seed=seed, refresh_every=1)
+    else:
+        policy = make_policy("adaptive", setup.plan(), engine, seed)
     if stale:
         policy = OneStepStale(policy)
     res = engine.run(policy)
-    res.policy = "adaptive+stale" if stale else "adaptive"
+    res.policy = "adaptive+stale" if stale else "adaptive-every-step" if every_step else "adaptive"
     return result_row(setup, res, load, seed)
 
 
@@ -57,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loads", default=LOADS)
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--compare", choices=("stale", "held"), default="stale",
+                    help="stale: one step stale vs fresh; held: held decisions (as built) vs a full decision every step")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not Path(args.profile).is_file():
@@ -68,13 +81,16 @@ def main(argv=None) -> int:
     rows = []
     for load in (float(x) for x in args.loads.split(",")):
         for seed in range(args.seeds):
-            fresh = run(setup, load, capacity, args.requests, seed, stale=False)
-            stale = run(setup, load, capacity, args.requests, seed, stale=True)
+            held = args.compare == "held"
+            fresh = run(setup, load, capacity, args.requests, seed, stale=False, every_step=held)
+            stale = run(setup, load, capacity, args.requests, seed, stale=not held)
             rows.append({"load": load, "seed": seed, "fresh": fresh, "stale": stale,
                          "goodput_ratio": stale["goodput_tok_s"] / fresh["goodput_tok_s"],
                          "latency_ratio": stale["mean_latency_s"] / fresh["mean_latency_s"]})
     print(f"profile {args.profile.split('/')[-1]}, workload {args.workload}, {args.requests} requests, "
           f"{args.seeds} seed(s), capacity {capacity:.2f} req/s ({time.perf_counter() - t0:.0f} s)")
+    if args.compare == "held":
+        print("fresh: a full decision every step; stale: adaptive as built (held decisions between refreshes)")
     print(f"{'load':>5s} {'fresh tok/s':>12s} {'stale tok/s':>12s} {'goodput s/f':>12s} {'latency s/f':>12s}")
     for load in sorted({r["load"] for r in rows}):
         rs = [r for r in rows if r["load"] == load]

@@ -106,6 +106,18 @@ class PositionRates:
         self._counts += hist[:, :0:-1].cumsum(axis=1)[:, ::-1]  # columns j = 1..K: counts above j - 1
         self._cache = None
 
+    def update_steps(self, accepted: np.ndarray, tried: np.ndarray, age: np.ndarray, steps: int) -> None:
+        """Several steps' chain outcomes at once, as ``steps`` calls of ``update`` would leave the counts
+        (to rounding): the counts decay once per step, so an outcome ``age[r]`` steps before the last
+        enters with weight decay ** age[r]. ``accepted``, ``tried``, ``age``: (rows,) over all the steps."""
+        K = self.max_k
+        w = np.power(self.decay, age)  # (rows,)
+        hist = np.bincount(np.concatenate((np.minimum(tried, K), np.minimum(accepted, K) + (K + 1))),
+                           weights=np.concatenate((w, w)), minlength=2 * (K + 1)).reshape(2, K + 1)
+        self._counts *= self.decay ** steps
+        self._counts += hist[:, :0:-1].cumsum(axis=1)[:, ::-1]
+        self._cache = None
+
     def set_prior(self, prior) -> None:
         p = np.asarray(prior, dtype=np.float64).reshape(-1)
         if 1 < p.size < self.max_k:  # a plan with a smaller max_k: its last position's rate for the rest
@@ -191,6 +203,14 @@ class RequestBeta:
             self.s[slots] += successes
         self.t[slots] += trials
 
+    def add(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
+        """``update`` over several steps: a slot may repeat (counts add up)."""
+        if slots.size == 0:
+            return
+        self.ensure(int(slots.max()))
+        self.s += np.bincount(slots, weights=successes, minlength=self.s.size)
+        self.t += np.bincount(slots, weights=trials, minlength=self.t.size)
+
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
         if slots.shape[0] == 1 and not isinstance(prior, np.ndarray):  # plain floats, same bits
             j = int(slots[0])
@@ -264,6 +284,19 @@ class ConfidenceMap:
             b = self._bin(np.asarray(prod, dtype=np.float64))
             self.hits += np.bincount(b, weights=np.asarray(hit, dtype=np.float64), minlength=self.bins)
             self.n += np.bincount(b, minlength=self.bins)
+        self._curve = None
+
+    def update_steps(self, prod: np.ndarray, hit: np.ndarray, age: np.ndarray, steps: int) -> None:
+        """Several steps' drafted tokens at once, as ``steps`` calls of ``update`` would leave the bins
+        (to rounding): a token ``age`` steps before the last enters with weight decay ** age."""
+        f = self.decay ** steps
+        self.hits *= f
+        self.n *= f
+        if prod.size:
+            b = self._bin(np.asarray(prod, dtype=np.float64))
+            w = np.power(self.decay, age)
+            self.hits += np.bincount(b, weights=w * np.asarray(hit, dtype=np.float64), minlength=self.bins)
+            self.n += np.bincount(b, weights=w, minlength=self.bins)
         self._curve = None
 
     def curve(self) -> np.ndarray:

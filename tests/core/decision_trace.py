@@ -6,9 +6,11 @@ confidences and steps report their loop time: every branch of ``adaptive`` gets 
 follow each request's own acceptance rate, so the sequence depends on the decisions: a policy that
 decides differently at one step sees different steps after it.
 
-``python -m tests.core.decision_trace OUT.npz`` records the decisions of the code on the path (the
-file in ``tests/core/data`` was recorded before the fast path existed: the same decisions after it
-are what ``test_decision_cost.py`` checks).
+``python -m tests.core.decision_trace OUT.npz`` records the decisions of the code on the path, with
+adaptive as built (``adaptive``: a full decision every few steps, look-ups between) and deciding
+fully every step (``adaptive-every-step``). ``tests/core/data/adaptive_decisions.npz`` holds both;
+its every-step part was recorded before the numeric fast paths of the optimiser existed and has not
+changed since (``test_decision_cost.py`` checks both parts).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import numpy as np
 
 from control.plan import compile_plan
 from control.policy import StepOutcome, StepView, build_policy
+from control.policy.adaptive import AdaptivePolicy
+from control.policy.base import PolicyContext
 from control.profile import load_profile
 from tests.conftest import make_profile
 
@@ -49,7 +53,7 @@ def replay(policy_name: str, profile_key: str, steps: int = STEPS, seed: int = 7
     """Decide and observe ``steps`` steps; returns each decision's fields per step."""
     prof = PROFILES[profile_key]()
     plan = compile_plan(prof, max_k=8)
-    pol = policy if policy is not None else build_policy(policy_name, plan, seed=seed)
+    pol = policy if policy is not None else _build(policy_name, plan, seed)
     drafters = tuple(plan.drafters)
     m = len(drafters)
     rng = np.random.default_rng(seed)
@@ -93,6 +97,12 @@ def replay(policy_name: str, profile_key: str, steps: int = STEPS, seed: int = 7
     return rec
 
 
+def _build(policy_name: str, plan, seed: int):
+    if policy_name == EVERY_STEP:
+        return AdaptivePolicy(PolicyContext.from_plan(plan), seed=seed, refresh_every=1)
+    return build_policy(policy_name, plan, seed=seed)
+
+
 def _record(rec: dict[str, list], d) -> None:
     rec["k"].append(d.k.copy())
     rec["drafter"].append(d.drafter.copy())
@@ -111,7 +121,8 @@ def flatten(rec: dict[str, list]) -> dict[str, np.ndarray]:
     return out
 
 
-CASES = (("adaptive", "h100-8b"), ("adaptive", "cpu-3drafters"), ("adaptive", "gated"))
+EVERY_STEP = "adaptive-every-step"  # adaptive with a full decision every step
+CASES = tuple((pol, prof) for pol in ("adaptive", EVERY_STEP) for prof in ("h100-8b", "cpu-3drafters", "gated"))
 
 
 def main(argv: list[str]) -> int:

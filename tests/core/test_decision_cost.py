@@ -1,9 +1,11 @@
-"""The controller's fast paths decide exactly as the code did before them.
+"""The controller decides as recorded: its numeric fast paths change no decision.
 
-``data/adaptive_decisions.npz`` holds adaptive's decisions on ``decision_trace``'s step sequence,
-recorded before the fast paths existed. Draft lengths, drafters and the gate's choices must match
-exactly; predicted times, tokens and confidence cuts to rounding (the fast paths sum in another
-order).
+``data/adaptive_decisions.npz`` holds adaptive's decisions on ``decision_trace``'s step sequence:
+deciding fully every step (``adaptive-every-step``, recorded before the optimiser's numeric fast
+paths existed), and as built, a full decision every few steps with look-ups between (``adaptive``,
+recorded with ``python -m tests.core.decision_trace`` when the held decisions came in). Draft
+lengths, drafters and the gate's choices must match exactly; predicted times, tokens and confidence
+cuts to rounding (the fast paths sum in another order).
 """
 
 from pathlib import Path
@@ -82,7 +84,7 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     # the CPU pair's three drafters take the bandit's path (40 steps: mostly its first exploration stage)
     cpu = Path(__file__).resolve().parents[2] / "profiles" / "cpu" / "stdlib-quick.yaml"
     assert main(["--profile", str(cpu), "--ctx", "256", "--batches", "4", "--policies", "adaptive", "--steps", "40",
-                 "--stages", "--json", str(out)]) == 0
+                 "--stages", "--clock", "cpu", "--json", str(out)]) == 0
     (stages,) = json.loads(out.read_text())["stages"]
     for name in BANDIT_STAGES:
         assert stages[name] > 0, name

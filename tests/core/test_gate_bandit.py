@@ -127,21 +127,26 @@ def _adaptive_two_drafters(acceptance, n=4):
     return pol, view
 
 
+def _explore(pol, view, allowed):
+    """The drafter-choice stage's exploration probabilities, as adaptive asks for them."""
+    return pol.choice.explore_probs(view, allowed, pol._to_exec, pol.cost)
+
+
 def test_adaptive_explores_a_drafter_in_proportion_to_its_chance_of_being_best():
     allowed = np.array([True, True])
     pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
-    rival = pol.explore_probs(view, allowed)
+    rival = _explore(pol, view, allowed)
     assert np.isclose(rival.sum(), 1.0) and 0.1 < rival[1] < 0.9  # a plausible rival is explored
     pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.05})
-    assert pol.explore_probs(view, allowed)[1] < 0.05  # a drafter the profile rates hopeless is not
+    assert _explore(pol, view, allowed)[1] < 0.05  # a drafter the profile rates hopeless is not
     # measurements move it: the rival measured at 0.2 over 400 trials is dropped
     pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
     pol.pos[1].update(np.full(400, 1), (np.arange(400) % 5 == 0).astype(np.int64))
-    assert pol.explore_probs(view, allowed)[1] < 0.05
+    assert _explore(pol, view, allowed)[1] < 0.05
     # ... and measured at 0.95 it wins
     pol.pos[1].update(np.full(4000, 1), (np.arange(4000) % 20 != 0).astype(np.int64))
-    assert pol.explore_probs(view, allowed)[1] > 0.9
-    assert pol.explore_probs(view, np.array([True, False]))[1] == 0.0  # not run by the executor
+    assert _explore(pol, view, allowed)[1] > 0.9
+    assert _explore(pol, view, np.array([True, False]))[1] == 0.0  # not run by the executor
 
 
 def test_adaptive_ignores_outcomes_of_a_drafter_it_does_not_know():
@@ -187,8 +192,8 @@ def test_adaptive_exploration_counts_the_catch_up_a_draft_model_needs():
 
     pol.decide(view(0))
     allowed = np.array([True, True])
-    in_sync = np.mean([pol.explore_probs(view(0), allowed)[0] for _ in range(40)])
-    behind = np.mean([pol.explore_probs(view(300), allowed)[0] for _ in range(40)])
+    in_sync = np.mean([_explore(pol, view(0), allowed)[0] for _ in range(40)])
+    behind = np.mean([_explore(pol, view(300), allowed)[0] for _ in range(40)])
     assert in_sync > behind + 0.08, (in_sync, behind)
 
 
@@ -228,10 +233,20 @@ def test_adaptive_prefills_the_draft_model_it_drafts_with():
     assert same.decide(view).prefill_drafter in (-1, 1)  # small: the default either way
     # what ran decides from then on
     ran_small = np.array([0, 0, 0, 0, 1, 1])  # plan indices: small for four requests, tiny for two
-    cheap_tiny._note_favourite(ran_small, np.full(n, 2))
+    cheap_tiny.choice.note_favourite(_ran(view, ran_small, np.full(n, 2)))
     assert cheap_tiny.prefill_drafter() == 1
-    cheap_tiny._note_favourite(np.array([0, 0, 0, 0, 1, 1]), np.array([0, 0, 0, 0, 3, 3]))  # only k > 0 counts
+    cheap_tiny.choice.note_favourite(_ran(view, ran_small, np.array([0, 0, 0, 0, 3, 3])))  # only k > 0 counts
     assert cheap_tiny.prefill_drafter() == 0
+
+
+def _ran(view, d_ctx, k):
+    """A step plan in which requests drafted ``k`` tokens on plan drafters ``d_ctx``."""
+    from control.goodput.optimizer import Choice
+    from control.policy.adaptive.step_plan import StepPlan
+
+    sp = StepPlan(view, k, d_ctx=d_ctx, uniform=bool((d_ctx == d_ctx[0]).all()))
+    sp.choice = Choice(k, 0.0, 1.0, 1.0)
+    return sp
 
 
 def test_adaptive_counts_an_n_gram_draft_that_stops_short_as_a_rejection():

@@ -220,10 +220,12 @@ def test_adaptive_drafts_longer_once_it_sees_the_loop_cost_every_step_carries(pl
     gets drafts at least as long, and longer in total."""
     from dataclasses import replace
 
-    from control.policy.adaptive import REFIT_EVERY
+    from control.policy.adaptive import AdaptivePolicy
+    from control.policy.adaptive.refit import REFIT_EVERY
+    from control.policy.base import PolicyContext
 
-    def run(loop_ms):
-        pol = build_policy("adaptive", plan)
+    def run(loop_ms):  # a full decision every step: the refit's effect, not the fast path's, is under test
+        pol = AdaptivePolicy(PolicyContext.from_plan(plan), refresh_every=1)
         v = StepView.build(slots=np.arange(6), request_ids=np.arange(6), ctx_lens=[300] * 6, remaining=[400] * 6,
                            drafters=("draft",), max_k=8, free_kv_slots=10**6, token_budget=10**6)
         for step in range(REFIT_EVERY + 1):

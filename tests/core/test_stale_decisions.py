@@ -4,6 +4,8 @@ import numpy as np
 
 from control.plan import compile_plan
 from control.policy import StepOutcome, StepView, build_policy
+from control.policy.adaptive import AdaptivePolicy
+from control.policy.base import PolicyContext
 from control.policy.stale import OneStepStale
 from tests.conftest import make_profile
 
@@ -30,7 +32,8 @@ def _outcome(view, k, drafted, accepted):
 
 def test_the_decision_after_an_outcome_is_the_one_made_without_it():
     plan = _plan()
-    fresh, stale, unaware = (build_policy("adaptive", plan, seed=3) for _ in range(3))
+    # a full decision every step: what one step of staleness changes, not what the fast path holds
+    fresh, stale, unaware = (AdaptivePolicy(PolicyContext.from_plan(plan), seed=3, refresh_every=1) for _ in range(3))
     stale = OneStepStale(stale)
     v0 = _view(0, [10, 11, 12, 13])
     d0 = [p.decide(v0) for p in (fresh, stale, unaware)]

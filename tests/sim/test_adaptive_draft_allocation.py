@@ -82,7 +82,10 @@ def test_adaptive_gives_drafts_to_the_requests_that_move_slowest():
 
     prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
     plan = compile_plan(prof, max_k=8, drafters=["draft"])
-    pol = build_policy("adaptive", plan)
+    from control.policy.adaptive import AdaptivePolicy
+    from control.policy.base import PolicyContext
+
+    pol = AdaptivePolicy(PolicyContext.from_plan(plan), refresh_every=1)  # every decision a full one
     n = 16
     slow = np.arange(n) >= 8
     slots, rids, ctx = np.arange(n), np.arange(n) + 100, np.full(n, 400)

@@ -1,0 +1,191 @@
+"""Stage: drafter choice. Each request's drafter when several are active (the drafter bandit, SPIN).
+
+Exploration draws each drafter with its posterior probability of being the best (Thompson):
+
+    rate_i ~ Normal(mean_i, sd_i),  mean_i = (s_i + prior_i * PRIOR_TRIALS) / (t_i + PRIOR_TRIALS),
+    sd_i = sqrt(mean_i (1 - mean_i) / (t_i + PRIOR_TRIALS + 1))     (Beta's normal approximation)
+    best_i = max_k (1 - rate_i^(k+1)) / (1 - rate_i) / (T_i(n, S, k) + catch-up_i)
+    P(i) = share of THOMPSON_SAMPLES draws in which drafter i has the largest best_i.
+
+Requests the bandit puts on different draft models in one step all move to the most used one (each
+model in a step pays its own k passes); new requests prefill the model that drafted most last step.
+Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.goodput.acceptance import MAX_RATE
+from control.goodput.estimators import PositionRates
+from control.goodput.stepcost import StepCostModel, uniform_step_ms
+from control.plan import typical_ctx
+from control.policy.adaptive.step_plan import StepPlan
+from control.policy.adaptive.survival import is_uniform
+from control.policy.adaptive.uniform_steps import UniformSteps
+from control.policy.bandit import DrafterBandit
+from control.policy.base import I64, PolicyContext
+from control.policy.types import StepOutcome, StepView
+
+PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploration posterior: its Beta has
+# a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
+THOMPSON_SAMPLES = 32  # posterior draws per exploring step
+EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of being best stays above this:
+# below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
+MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
+UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
+
+
+class DrafterChoice:
+    """The bandit, its Thompson exploration, one model per step and the prefill favourite."""
+
+    def __init__(self, ctx: PolicyContext, pos: list[PositionRates], steps: UniformSteps, seed: int) -> None:
+        self.ctx = ctx  # the owner replaces it on a plan update with the same drafters
+        self.pos = pos
+        self.steps = steps
+        m = len(ctx.drafters)
+        b = ctx.bandit
+        caps = [b.capacities.get(d, UNCAPPED) for d in ctx.drafters] if b.capacities else None
+        self.bandit = (DrafterBandit(m, caps, b.explore_slots, b.chunk_slots, b.switch_cost_weight,
+                                     b.max_exploit_slots, seed=seed) if (m > 1 and b.enabled) else None)
+        if self.bandit is not None:
+            self.bandit.keep_p = EXPLORE_KEEP
+        self._rng = np.random.default_rng(seed)
+        self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
+        self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
+        self.fav = self._profile_favourite(ctx) if self._consolidate else -1
+        self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
+        self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
+        self._allowed_arr = np.ones(m, dtype=bool)
+        self._b_key: StepCostModel | None = None
+        self._b_arr = np.zeros(m)
+
+    def assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel) -> None:
+        """Fill ``sp.d_ctx``, ``d_exec``, ``lag`` and ``uniform`` (``to_exec`` (m,): plan -> executor
+        drafter index, -1 where the executor lacks it)."""
+        view, n = sp.view, sp.n
+        if self.bandit is None:  # one drafter for everyone: no gathers
+            e = max(int(to_exec[self.ctx.default]), 0) if to_exec.size else 0
+            if self._default_col.size < n or self._default_col[0] != self.ctx.default:
+                self._default_col = np.full(max(n, 2 * self._default_col.size), self.ctx.default, dtype=I64)
+            sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = self._default_col[:n], np.full(n, e, dtype=I64), view.draft_lag[:, e], True
+            return
+        switch_cost = None
+        if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
+            lag_ctx = view.draft_lag[:, np.maximum(to_exec, 0)]  # (n, m)
+            switch_cost = lag_ctx * self._per_token_b(cost)
+        allowed = self._allowed(to_exec)
+        if self.bandit.exploring:
+            # fresh every exploring step, so a drafter that stops winning is dropped at once (the
+            # favourite too: the profile's favourite can be the one that fails on this workload)
+            self.bandit.explore_p = self.explore_probs(view, allowed, to_exec, cost)
+        d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)  # (n,)
+        uniform = is_uniform(d_ctx)
+        if not uniform:
+            d_ctx = self._one_model_per_step(d_ctx)
+            uniform = is_uniform(d_ctx)
+        if uniform:  # one column: no per-request gathers
+            e = max(int(to_exec[d_ctx[0]]) if n else 0, 0)
+            sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = d_ctx, np.full(n, e, dtype=I64), view.draft_lag[:, e], True
+            return
+        d_exec = np.maximum(to_exec[d_ctx], 0)  # (n,)
+        sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = d_ctx, d_exec, view.draft_lag[np.arange(n), d_exec], False
+
+    def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
+        """(m,) bool: the plan's drafters the executor runs (the same array while the map is)."""
+        if self._allowed_key is not to_exec:
+            self._allowed_key, self._allowed_arr = to_exec, to_exec >= 0
+        return self._allowed_arr
+
+    def _per_token_b(self, cost: StepCostModel) -> np.ndarray:
+        """(m,) each drafter's draft-model ms per context token caught up (0: no model), per cost model."""
+        if self._b_key is not cost:
+            self._b_key = cost
+            self._b_arr = np.array([d.model.b if d.model is not None else 0.0 for d in cost.drafters])
+        return self._b_arr
+
+    def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:
+        """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc)."""
+        m = len(self.ctx.drafters)
+        st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials
+        a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS  # (m,)
+        t = st[:, 1] + PRIOR_TRIALS
+        mean = a / t
+        sd = np.sqrt(mean * (1.0 - mean) / (t + 1.0))
+        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)  # (S, m)
+        kk = self.steps.kk
+        tokens = (1.0 - np.power.outer(rate, kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
+        inv = self.steps.inv(cost, view.ctx_lens)  # (m, K+1)
+        catch = self._catch_up_ms(view, to_exec, cost)
+        if catch is not None:
+            inv = 1.0 / (1.0 / inv + catch[:, None])
+        best = (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)  # (S, m)
+        if not allowed.all():
+            best[:, ~allowed] = -np.inf
+        return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+    def _catch_up_ms(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray | None:
+        """(m,) per drafter, the draft-model time per step of bringing this batch's requests in sync
+        with it, spread over the steps an explored request stays there (a chunk, or what is left of
+        the request). Posterior draws ignore that price otherwise (docs/decisions.md, 2026-11-22)."""
+        lag = view.draft_lag  # (n, m_exec)
+        if not lag.any() or self.bandit is None:
+            return None
+        stay = np.clip(view.remaining / 2.0, 1.0, float(self.bandit.beta))  # (n,) steps at about 2 tokens each
+        per_req = lag[:, np.maximum(to_exec, 0)] / stay[:, None]  # (n, m)
+        return np.where(to_exec >= 0, per_req.sum(axis=0) * self._per_token_b(cost), 0.0)
+
+    def _one_model_per_step(self, d_ctx: np.ndarray) -> np.ndarray:
+        """(n,) ``d_ctx`` with every draft-model request moved to the most used draft model (each model
+        in a step runs its own k passes; n-gram lookup costs per request and mixes freely;
+        docs/decisions.md, 2026-11-22)."""
+        if not self._consolidate or d_ctx.size < 2:
+            return d_ctx
+        used = np.bincount(d_ctx, minlength=self.is_model.size) * self.is_model  # (m,)
+        if np.count_nonzero(used) <= 1:
+            return d_ctx
+        return np.where(self.is_model[d_ctx], int(np.argmax(used)), d_ctx)
+
+    def note_favourite(self, sp: StepPlan) -> None:
+        """Remember the draft model that drafted for most requests this step: new requests prefill
+        its state (docs/decisions.md, 2026-11-22)."""
+        d_ctx, k = sp.d_ctx, sp.choice.k
+        if sp.uniform:  # the most used is the only one: no counts
+            i = int(d_ctx[0])
+            if i >= 0 and self.is_model[i] and k.max(initial=0) > 0:
+                self.fav = i
+            return
+        ran = d_ctx[(k > 0) & (d_ctx >= 0)]
+        if ran.size:
+            used = np.bincount(ran, minlength=self.is_model.size) * self.is_model  # (m,)
+            if used.any():
+                self.fav = int(np.argmax(used))
+
+    def _profile_favourite(self, ctx: PolicyContext) -> int:
+        """The draft model the profile predicts best at half the batch limit and a typical context."""
+        plan = ctx.plan
+        n, S = max(1, plan.profile.limits.max_batch // 2), float(typical_ctx(plan.profile))
+        kk = np.arange(max(ctx.max_k, 1) + 1, dtype=np.float64)  # (K+1,)
+        best, fav = -1.0, -1
+        for i in np.flatnonzero(self.is_model):
+            r = min(float(ctx.prior_rate[i]), MAX_RATE)
+            g = float(np.max((1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(ctx.cost, n, S, kk, drafter=int(i))))
+            if g > best:
+                best, fav = g, int(i)
+        return fav
+
+    def rewards(self, outcome: StepOutcome, d_ctx: np.ndarray, cost: StepCostModel) -> np.ndarray:
+        """(n,) per-request goodput (tokens per ms), the step's cost shared by what each request used."""
+        n = outcome.n
+        # (integer contexts: their sums are exact, so the same floats as summing a float copy)
+        verify_share = cost.verify_ms(outcome.ctx_lens, outcome.verified) / n
+        if d_ctx[0] >= 0 and is_uniform(d_ctx):
+            d = cost.drafters[int(d_ctx[0])]
+            share = verify_share + d.draft_ms(outcome.ctx_lens, outcome.drafted) / n
+            return (outcome.accepted + 1) / max(share, MIN_SHARE_MS)
+        share = np.full(n, verify_share)  # (n,)
+        for i, d in enumerate(cost.drafters):
+            sel = d_ctx == i  # (n,) bool
+            if sel.any():
+                share[sel] += d.draft_ms(outcome.ctx_lens[sel].astype(np.float64), outcome.drafted[sel]) / sel.sum()
+        return (outcome.accepted + 1) / np.maximum(share, MIN_SHARE_MS)

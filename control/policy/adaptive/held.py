@@ -1,0 +1,115 @@
+"""Stage: held decisions. The fast path between full decisions: per step, look up; every N steps, optimise.
+
+A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
+``REFRESH_EVERY`` steps after it, when the batch size leaves its power-of-two bucket, when the
+executor's drafters or the gate's state changed (``AdaptivePolicy`` refreshes every step while its
+drafter bandit chooses among several drafters). It leaves, per slot, the request's draft length,
+drafter and confidence cut, and per drafter d a table of draft lengths over the acceptance rate:
+
+    tau_d = (upper) median over requests r on d of  g * next_cost_r / w_r   (the optimiser's marginal
+            condition: one more token of survival p pays iff w_r * p >= g * next_cost_r)
+    table[d, b] = #{j < K : S_d(rate_b)[j] >= tau_d},   rate_b = (b + 1/2) / RATE_BUCKETS,
+
+with S_d the drafter's survival curve at that rate (``AcceptanceModel.survival_of``'s formula).
+Between refreshes a step only looks up: k = min(held k of the slot, cap); a request that arrived
+since the last refresh takes the drafter most requests drafted with and table[d, bucket(d's pooled
+rate)], its prior's draft length, at most the refresh's deepest draft (the table prices tokens,
+not the draft passes a deeper draft adds to everyone's step). The outcomes of those steps are
+queued in order and learned at the next refresh (``AdaptivePolicy.flush``), so the estimators end
+each refresh as if they had learned every step; only the decisions in between are up to N - 1
+steps stale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.goodput.estimators import request_position_survival
+from control.policy.adaptive.step_plan import StepPlan
+from control.policy.adaptive.survival import AcceptanceModel
+from control.policy.base import I64
+
+REFRESH_EVERY = 8  # steps between full decisions (the optimiser, the bandit, the cuts)
+RATE_BUCKETS = 32  # acceptance-rate buckets of the draft-length table
+NO_CUT = 0.0  # a raw confidence cut that never stops a draft (running confidences are > 0)
+
+
+class HeldDecisions:
+    def __init__(self, slots: int, m: int, K: int, every: int = REFRESH_EVERY) -> None:
+        self.every = int(every)
+        self.k = np.zeros(slots, dtype=I64)  # (slots,) draft length of the last full decision
+        self.drafter = np.zeros(slots, dtype=I64)  # (slots,) its executor drafter
+        self.cut = np.full(slots, NO_CUT)  # (slots,) its raw confidence cut
+        self.table = np.zeros((m, RATE_BUCKETS), dtype=I64)  # (m, RATE_BUCKETS) k per drafter and rate
+        self._rates = (np.arange(RATE_BUCKETS) + 0.5) / RATE_BUCKETS  # (RATE_BUCKETS,) bucket centres
+        self.new_k = 0  # draft length of a request that arrived since the refresh
+        self.new_drafter = 0  # its executor drafter
+        self._table_for: tuple | None = None  # (plan, acceptance, favourite) the table waits to be built from
+        self.has_cut = False  # the last full decision had confidence cuts
+        self.depth = 0  # the last full decision's deepest draft
+        self.valid = False  # a full decision to hold exists
+        self._step = -1  # step of the last full decision
+        self._bucket = -1  # batch-size bucket of the last full decision
+        self._map = None  # the executor drafter map the held indices refer to
+        self.K = K
+
+    def grow(self, size: int) -> None:
+        if size > self.k.size:
+            extra = size - self.k.size
+            self.k = np.concatenate([self.k, np.zeros(extra, dtype=I64)])
+            self.drafter = np.concatenate([self.drafter, np.zeros(extra, dtype=I64)])
+            self.cut = np.concatenate([self.cut, np.full(extra, NO_CUT)])
+
+    def due(self, n: int, step: int, to_exec: np.ndarray) -> bool:
+        """Whether this step needs a full decision."""
+        return (self.every == 1 or not self.valid or step - self._step >= self.every or step < self._step
+                or n.bit_length() != self._bucket or to_exec is not self._map)
+
+    def admit(self, slots: np.ndarray) -> None:
+        """Requests that took ``slots`` since the refresh: the prior's draft length on the favourite."""
+        if self._table_for is not None:  # the first arrival since the refresh builds the table
+            self._rebuild(*self._table_for)
+            self._table_for = None
+        self.k[slots] = self.new_k
+        self.drafter[slots] = self.new_drafter
+        self.cut[slots] = NO_CUT
+
+    def lookup(self, slots: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(k, executor drafter, raw cut or None), each (n,), of the requests in ``slots``."""
+        k = np.minimum(self.k[slots], cap)
+        return k, self.drafter[slots], (self.cut[slots] if self.has_cut else None)
+
+    def hold(self, sp: StepPlan, acceptance: AcceptanceModel, to_exec: np.ndarray, default: int) -> None:
+        """Keep a full decision (``sp``) per slot and rebuild the table for new requests."""
+        slots, choice = sp.view.slots, sp.choice
+        self.k[slots] = choice.k
+        self.drafter[slots] = sp.d_exec
+        self.has_cut = sp.conf_cut is not None
+        if self.has_cut:
+            self.cut[slots] = sp.conf_cut
+        self.valid, self._step, self._bucket, self._map = True, sp.view.step, sp.n.bit_length(), to_exec
+        self.depth = int(choice.k.max(initial=0))  # the refresh's deepest draft
+        ran = sp.d_ctx[(choice.k > 0) & (sp.d_ctx >= 0)]  # plan drafters that drafted
+        fav = int(np.argmax(np.bincount(ran))) if ran.size else default
+        self.new_drafter = max(int(to_exec[fav]), 0) if to_exec.size else 0
+        self._table_for = (sp, acceptance, fav)  # built when a request arrives before the next refresh
+
+    def _rebuild(self, sp: StepPlan, acceptance: AcceptanceModel, fav: int) -> None:
+        """table[d] for the drafters in the step (the others keep theirs) from the marginal condition,
+        and the favourite's draft length at its pooled rate (``new_k``)."""
+        nxt = sp.choice.next_cost
+        if nxt is not None:  # None: nothing admissible (every cap 0), nothing to learn about thresholds
+            tau = sp.g_value * nxt if sp.weights is None else sp.g_value * nxt / sp.weights  # (n,) in survival
+            for d in sp.d_ctx[:1] if sp.uniform else np.unique(sp.d_ctx):
+                if d < 0:
+                    continue
+                mine = np.sort(tau if sp.uniform else tau[sp.d_ctx == d])
+                pos = acceptance.pos[int(d)]
+                surv = request_position_survival(self._rates, pos.rates, pos.mean_rate, pos.odds)  # (RATE_BUCKETS, K)
+                self.table[int(d)] = np.cumprod(surv >= float(mine[mine.size // 2]), axis=1).sum(axis=1)
+        bucket = min(int(acceptance.pooled_rate(fav) * RATE_BUCKETS), RATE_BUCKETS - 1)
+        self.new_k = min(int(self.table[fav, bucket]), self.depth)
+
+    def invalidate(self) -> None:
+        self.valid = False
+        self._table_for = None

@@ -1,0 +1,143 @@
+"""Stage: optimiser. Per-request k maximising residence-weighted goodput, and each request's pace.
+
+    k* = argmax_k (n + sum_r w_r P_r(k_r)) / T(k)        P_r(k) = sum_{j < k} surv[r, j]
+
+with T the live cost model's step time (real contexts, catch-up of lagging drafts, KV, token budget
+and SLO limits; ``admit_parametric``, a Dinkelbach iteration warm-started at the last step's ratio).
+w_r values request r's token by the step time it saves: an accepted token shortens its stay by
+1 / pace_r steps, and each step it stays costs the batch (a * ctx_r + b + d + (c + overhead) / n), so
+
+    w_r ~ (a * ctx_r + b + d + (c + overhead) / n) / pace_r,   normalised to mean 1 over the batch,
+
+with pace_r the request's tokens per step at the k it was given, smoothed over its steps:
+
+    pace_r <- PACE_SMOOTHING * pace_r + (1 - PACE_SMOOTHING) * (1 + P_r(k_r)).
+
+A lagging draft's catch-up is charged to this step as lag / (remaining / (1 + P_r(cap_r))): the
+re-prefill serves every later step of the request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.goodput import optimizer
+from control.goodput.optimizer import Choice
+from control.goodput.stepcost import StepCostModel
+from control.policy.adaptive.step_plan import StepPlan
+
+PACE_SMOOTHING = 0.5  # weight of a request's previous pace against this step's (damps k <-> weight feedback)
+EQUAL_WEIGHTS_TOL = 1e-12  # relative spread of the weights below which every token counts alike
+
+
+class Optimiser:
+    """Runs the optimiser on a step plan; owns the per-slot pace and the warm start."""
+
+    def __init__(self, slots: int) -> None:
+        self.pace = np.full(slots, np.nan)  # (slots,) smoothed tokens per step, NaN before the first decision
+        self.g: float | None = None  # last step's predicted goodput: the optimiser's warm start
+        self._arange = np.arange(slots)
+
+    def grow(self, size: int) -> None:
+        if size > self.pace.size:
+            self.pace = np.concatenate([self.pace, np.full(size - self.pace.size, np.nan)])
+
+    def reset(self, slots: np.ndarray) -> None:
+        self.pace[slots] = np.nan
+
+    def run(self, plan: StepPlan, cost: StepCostModel, k0: np.ndarray | None) -> None:
+        """Fill ``plan.csum``, ``pace``, ``known``, ``weights``, ``choice``, ``g_value`` and ``accepted``
+        (``k0``, (n,): the last decision's draft lengths, a lower bound for the warm start)."""
+        view, n = plan.view, plan.n
+        plan.csum = prefix_sums(plan.surv) if n > 1 else None  # (n, K+1)
+        pace = self.pace[view.slots]  # (n,) NaN where not yet decided on
+        known = np.isfinite(pace)  # (n,) bool
+        plan.pace, plan.known = pace, (True if n > 1 and known.all() else known)
+        w = plan.weights = residence_weights(view, cost, pace, plan.known)
+        lag = amortised_lag(plan.lag, plan.surv, plan.csum, plan.cap, view.remaining, self.rows(n)) if plan.lagged else None
+        choice = optimizer_call(cost, view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, lag, self.g, k0,
+                                plan.csum, w)
+        plan.g_value = self.g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
+        plan.accepted = self.accepted(plan, choice.k)  # (n,)
+        if w is not None:  # report the prediction in plain tokens
+            choice = Choice(choice.k, float(n + plan.accepted.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
+        plan.choice = choice
+
+    def accepted(self, plan: StepPlan, k: np.ndarray) -> np.ndarray:
+        """(n,) expected accepted draft tokens at draft lengths ``k`` (n,) (batch 1: from ``surv`` on
+        plain floats, the same additions in the same order as ``csum``'s)."""
+        if plan.csum is not None:
+            return plan.csum[self.rows(k.shape[0]), k]
+        return np.array([sum(plan.surv[0, : int(k[0])].tolist())])
+
+    def note_pace(self, plan: StepPlan) -> None:
+        """Smooth each request's expected tokens per step at the chosen k into its pace."""
+        slots, accepted, old, known = plan.view.slots, plan.accepted, plan.pace, plan.known
+        if slots.shape[0] == 1:  # plain floats, same bits
+            now1, old1 = 1.0 + float(accepted[0]), float(old[0])
+            self.pace[int(slots[0])] = (PACE_SMOOTHING * old1 + (1.0 - PACE_SMOOTHING) * now1 if known[0] else now1)
+            return
+        now = 1.0 + accepted  # (n,)
+        smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now  # (n,)
+        self.pace[slots] = smoothed if known is True else np.where(known, smoothed, now)
+
+    def rows(self, n: int) -> np.ndarray:
+        """np.arange(n), from a cached range grown as needed (row indices for per-request gathers)."""
+        if n > self._arange.size:
+            self._arange = np.arange(max(n, 2 * self._arange.size))
+        return self._arange[:n]
+
+
+def optimizer_call(cost, ctx_lens, surv, cap, cons, d_ctx, lag, g0, k0, csum, w) -> Choice:
+    """``admit_parametric`` on one step's arrays (a seam the decision-cost benchmark times)."""
+    return optimizer.admit_parametric(cost, ctx_lens, surv, cap, cons, drafter=d_ctx, lag=lag, g0=g0,
+                                      k0=k0, psum=csum, weights=w)
+
+
+def residence_weights(view, cost: StepCostModel, pace: np.ndarray, known: np.ndarray | bool) -> np.ndarray | None:
+    """(n,) value of an accepted token per request, relative to the batch mean (None: all equal).
+
+    The plain ratio (n + sum p) / T counts tokens alike, so it under-drafts long contexts and gives
+    its drafts to the fast requests, leaving the slow ones in the batch for many steps; mean latency
+    follows request-steps (docs/decisions.md, 2026-11-23). ``pace`` (n,) is finite where ``known``
+    (or everywhere where it is True); a request not yet decided on takes the batch mean."""
+    n = view.n
+    if n < 2:
+        return None
+    if known is True:
+        w = 1.0 / pace  # (n,)
+    elif known.any():
+        w = 1.0 / np.where(known, pace, pace[known].mean())
+    else:
+        w = np.ones(n)
+    t = cost.target
+    ctx = view.ctx_lens  # (n,)
+    if t.a > 0.0 and ctx.min() != ctx.max():
+        w = w * (t.a * ctx + (t.b + t.d + (t.c + cost.overhead_ms) / n))
+    w_max = w.max()
+    if w_max - w.min() <= EQUAL_WEIGHTS_TOL * w_max:
+        return None
+    return w * (n / float(w.sum()))
+
+
+def amortised_lag(lag: np.ndarray, surv: np.ndarray, csum: np.ndarray | None, cap: np.ndarray,
+                  remaining: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(n,) catch-up tokens charged to this step: ``lag`` (n,) over the steps left, about
+    remaining / (1 + P(cap)) of them (a myopic step-level optimiser would never catch up, and a
+    draft that fell behind while the gate was off would stay behind for good). ``csum``: ``surv``'s
+    prefix sums (None: not taken yet)."""
+    if not lag.any():
+        return lag
+    if csum is None:
+        csum = prefix_sums(surv)
+    per_step = 1.0 + csum[rows, cap]  # (n,); cap is within 0..K (``caps``)
+    steps_left = np.maximum(remaining / per_step, 1.0)
+    return lag / steps_left
+
+
+def prefix_sums(surv: np.ndarray) -> np.ndarray:
+    """(n, K+1): each request's expected accepted draft tokens at k = 0..K (its survivals' prefix sums)."""
+    csum = np.empty((surv.shape[0], surv.shape[1] + 1))
+    csum[:, 0] = 0.0
+    np.cumsum(surv, axis=1, out=csum[:, 1:])
+    return csum

@@ -1,0 +1,71 @@
+"""Stage: cost refit. The live step-cost model, refitted online from the steps' measured times.
+
+Each model's step time is fitted by recursive least squares with forgetting (``RecursiveCost``):
+the target's verify pass on (context tokens, verified tokens, 1, n), each draft model's passes on
+(context tokens, batched tokens, passes). Every ``REFIT_EVERY`` steps the cost model is rebuilt
+from the fits that predict better than the profile, plus the loop's own time outside the passes
+(``LoopOverhead``): per step into the overhead, per request-step into the target's d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from control.goodput.cost import RecursiveCost
+from control.goodput.granularity import VerifyGranularity
+from control.goodput.overhead import LoopOverhead
+from control.goodput.stepcost import DrafterCost, StepCostModel
+from control.policy.adaptive.survival import drafters_in
+from control.policy.types import StepOutcome
+
+REFIT_EVERY = 32  # steps between rebuilding the cost model from the online fit
+
+
+class CostRefit:
+    def __init__(self, cost: StepCostModel) -> None:
+        self.rls_target = RecursiveCost(cost.target)
+        self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in cost.drafters]
+        self.loop = LoopOverhead()
+        self._since = 0
+
+    def update(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray, uniform: bool,
+               verify: VerifyGranularity, base: StepCostModel) -> StepCostModel | None:
+        """Feed one step's times; every ``REFIT_EVERY`` steps return the rebuilt cost model (else None).
+        ``spec`` (n,) bool: requests that drafted; ``base``: the plan's cost model (the prior)."""
+        self.loop.update(outcome.prev_loop_ms, outcome.prev_loop_requests)
+        one = outcome.n == 1  # (plain ints instead of reductions: the same sums)
+        if outcome.verify_ms > 0:
+            # the pass also computed any prompt chunks mixed into it (chunked prefill)
+            ctx_sum = int(outcome.ctx_lens[0]) if one else outcome.ctx_lens.sum()
+            if verify.per_request:
+                verified = float((int(outcome.verified[0]) if one else outcome.verified.sum()) + outcome.n)
+            else:
+                verified = float(verify.verified_tokens(outcome.verified).sum())  # padding included
+            self.rls_target.update(float(ctx_sum) + outcome.prefill_ctx_tokens,
+                                   verified + outcome.prefill_tokens, outcome.verify_ms, 1.0, float(outcome.n))
+        used = d_ctx[:1] if uniform and (spec[0] if one else spec.any()) else drafters_in(d_ctx[spec])
+        if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
+            rls = self.rls_draft[int(used[0])]
+            if rls is not None:
+                rls.update(outcome.draft_ctx_tokens, outcome.draft_batched_tokens, outcome.draft_ms, outcome.draft_passes)
+        self._since += 1
+        if self._since < REFIT_EVERY:
+            return None
+        self._since = 0
+        return self.rebuild(base, verify)
+
+    def rebuild(self, base: StepCostModel, verify: VerifyGranularity) -> StepCostModel:
+        """The cost model from each fit that improves on the profile's (``base``), plus the loop's time."""
+        rd = self.rls_draft
+        drafters = tuple(
+            DrafterCost(d.name, d.kind, rd[i].cost if rd[i] is not None and rd[i].improves_on_prior() else d.model,
+                        d.const_ms, d.sink, d.window)
+            for i, d in enumerate(base.drafters)
+        )
+        target = self.rls_target.cost if self.rls_target.improves_on_prior() else base.target
+        per_step, per_request = self.loop.fit()
+        if per_request > 0.0:
+            target = replace(target, d=target.d + per_request)
+        return StepCostModel(target, drafters, base.overhead_ms + per_step, verify)

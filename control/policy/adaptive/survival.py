@@ -1,0 +1,236 @@
+"""Stage: survival. What ``adaptive`` believes about each request's acceptance, and how it learns.
+
+Per drafter i: pooled per-position rates ``pos[i]`` (conditional a[j] = P(position j accepted |
+j-1 accepted)), each request's own Beta-posterior rate ``req[i]`` shrunk to its category's rate
+(``cat``) or the drafter's pooled rate, and a calibration ``conf[i]`` from the drafter's running
+confidence to survival.
+
+Survival of request r's draft position j (``request_position_survival``):
+
+    logit(a[r, j]) = logit(pos_rate[j]) + logit(rate_r) - logit(pooled)
+    surv[r, j] = prod_{j' <= j} a[r, j']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from control.goodput.estimators import (
+    CategoryRates,
+    ConfidenceMap,
+    PositionRates,
+    RequestBeta,
+    request_position_survival,
+)
+from control.policy.types import StepOutcome, StepView
+
+CATEGORIES = 8  # category slots of the pooled per-category rates
+
+
+class AcceptanceModel:
+    """Per drafter: position rates, per-request posteriors, confidence calibration; plus categories."""
+
+    def __init__(self, prior_positions: np.ndarray, strength: float, slots: int, confidences: np.ndarray) -> None:
+        m, K = prior_positions.shape  # (m, K)
+        self.K = K
+        self.confidences = confidences  # (m,) bool: drafter reports confidences
+        self.pos = [PositionRates(K, prior=prior_positions[i]) for i in range(m)]
+        self.req = [RequestBeta(strength, capacity=slots) for _ in range(m)]
+        self.cat = CategoryRates(CATEGORIES)
+        self.conf = [ConfidenceMap() for _ in range(m)]
+        self._pos_idx = np.arange(K)[None, :]  # (1, K) draft positions, for masks over (n, K) arrays
+
+    def set_priors(self, prior_positions: np.ndarray) -> None:
+        for i, pr in enumerate(self.pos):
+            pr.set_prior(prior_positions[i])
+
+    def pooled_rate(self, i: int) -> float:
+        return self.pos[i].mean_rate
+
+    def reset(self, slots: np.ndarray) -> None:
+        """Forget the requests that held ``slots`` (new requests take them)."""
+        for r in self.req:
+            r.ensure(int(slots.max()))
+            r.reset(slots)
+
+    def survival(self, view: StepView, d_ctx: np.ndarray, uniform: bool) -> np.ndarray:
+        """(n, K) survival of each request's draft positions on its drafter ``d_ctx`` (n,) (``uniform``:
+        one drafter serves the whole batch)."""
+        if uniform:  # always so at batch 1: no masks
+            return self.survival_of(int(d_ctx[0]), view.slots, view.category)
+        surv = np.empty((view.n, self.K))  # (n, K)
+        for i in range(len(self.pos)):
+            sel = d_ctx == i  # (n,) bool
+            if not sel.any():
+                continue
+            surv[sel] = self.survival_of(i, view.slots[sel], None if view.category is None else view.category[sel])
+        return surv
+
+    def survival_of(self, i: int, slots: np.ndarray, category: np.ndarray | None) -> np.ndarray:
+        """(len(slots), K) survival on drafter ``i`` of the requests in ``slots``."""
+        pos = self.pos[i]
+        pooled = pos.mean_rate
+        prior = pooled if category is None else self.cat.rates(category, pooled)  # float or (n,)
+        rate = self.req[i].mean(slots, prior)  # (n,)
+        return request_position_survival(rate, pos.rates, pooled, pos.odds)
+
+    def learn(self, outcome: StepOutcome, d_ctx: np.ndarray, tried: np.ndarray, spec: np.ndarray, s: np.ndarray,
+              t: np.ndarray, uniform: bool) -> None:
+        """Update the estimators with the requests that drafted (``spec``, (n,) bool); ``tried`` (n,):
+        draft tokens counted as trials; ``s``, ``t`` (n,): their chain successes and trials."""
+        if uniform and d_ctx[0] >= 0 and (outcome.n == 1 or spec.all()):  # one known drafter, everyone drafted
+            # (at batch 1 the caller saw that it drafted): no masks
+            i = int(d_ctx[0])
+            self.pos[i].update(tried, outcome.accepted, t)
+            self.req[i].update(outcome.slots, s, t)
+        else:
+            for i in range(len(self.pos)):
+                sel = spec & (d_ctx == i)  # (n,) bool
+                if not sel.any():
+                    continue
+                self.pos[i].update(tried[sel], outcome.accepted[sel], t[sel])
+                self.req[i].update(outcome.slots[sel], s[sel], t[sel])
+        if outcome.category is not None:
+            self.cat.update(outcome.category[spec], s[spec], t[spec])
+        if outcome.confidence is not None and self.confidences.any():
+            self.calibrate(outcome, d_ctx, spec)
+
+    def learn_request(self, slots: np.ndarray, d_ctx: np.ndarray, s: np.ndarray, t: np.ndarray, spec: np.ndarray,
+                      uniform: bool) -> None:
+        """The per-request posteriors alone (``learn``'s first part, for ``learn_pooled``'s caller):
+        slot state, so learned in the order of the steps, between the slot resets."""
+        if uniform and d_ctx[0] >= 0 and (slots.shape[0] == 1 or spec.all()):
+            self.req[int(d_ctx[0])].update(slots, s, t)
+            return
+        for i in range(len(self.req)):
+            sel = spec & (d_ctx == i)  # (n,) bool
+            if sel.any():
+                self.req[i].update(slots[sel], s[sel], t[sel])
+
+    def learn_pooled(self, rows: PooledRows) -> None:
+        """The pooled estimators (per position, per category, confidence calibration) from several
+        steps' rows at once, as learning them step by step would leave them (to rounding): an
+        estimator that decays per update weighs a row by decay ** (its updates after the row's step)."""
+        if not rows.steps:
+            return
+        acc, t, step = rows.col("accepted"), rows.col("t"), rows.col("step")
+        if rows.one >= 0:  # one drafter learned from every row: each step is one of its updates
+            self.pos[rows.one].update_steps(acc, t, (rows.steps - 1) - step, rows.steps)
+        else:
+            spec, d = rows.col("spec"), rows.col("d")
+            for i in range(len(self.pos)):
+                sel = spec & (d == i)  # (rows,) bool
+                if sel.any():
+                    age, steps = _ages(step[sel])
+                    self.pos[i].update_steps(acc[sel], t[sel], age, steps)
+        category = rows.col("category")
+        if category is not None:
+            spec = rows.col("spec")
+            self.cat.update(category[spec], rows.col("s")[spec], t[spec])
+        if self.confidences.any() and rows.col("conf") is not None:
+            self._calibrate_rows(rows)
+
+    def _calibrate_rows(self, rows: PooledRows) -> None:
+        conf = rows.col("conf")  # (rows, K), NaN where nothing was drafted
+        step, spec, d, steps = rows.col("step"), rows.col("spec"), rows.col("d"), rows.steps
+        pos = self._pos_idx[:, : conf.shape[1]]  # (1, K)
+        drafted = (pos < rows.col("drafted")[:, None]) & np.isfinite(conf)  # (rows, K) bool
+        prod = np.cumprod(np.where(drafted, conf, 1.0), axis=1)  # (rows, K) running confidence
+        hit = (pos < rows.col("accepted")[:, None]) & drafted  # (rows, K) bool: observed survival
+        any_drafted = np.bincount(step, weights=drafted.any(axis=1), minlength=steps) > 0  # (steps,)
+        for i in np.flatnonzero(self.confidences):
+            mine = spec & (d == i)  # (rows,) bool
+            updated = np.zeros(steps, dtype=bool)  # (steps,) steps whose update reached this map
+            updated[step[mine]] = True
+            updated &= any_drafted
+            if not updated.any():
+                continue
+            ages_by_step = np.cumsum(updated[::-1])[::-1] - updated  # (steps,) updates after each step
+            sel = mine & updated[step]  # (rows,) bool
+            age = np.repeat(ages_by_step[step[sel]], drafted[sel].sum(axis=1))  # (tokens,)
+            self.conf[i].update_steps(prod[sel][drafted[sel]], hit[sel][drafted[sel]], age, int(updated.sum()))
+
+    def calibrate(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray) -> None:
+        """Feed each confidence-reporting drafter's map the (running confidence, survived) pairs of
+        the tokens it drafted this step."""
+        conf = outcome.confidence  # (n, >= w)
+        w = min(conf.shape[1], self.K)
+        pos = self._pos_idx[:, :w]  # (1, w)
+        drafted = (pos < outcome.drafted[:, None]) & np.isfinite(conf[:, :w])  # (n, w) bool
+        if not drafted.any():
+            return
+        prod = np.cumprod(np.where(drafted, conf[:, :w], 1.0), axis=1)  # (n, w) running confidence per drafted token
+        hit = (pos < outcome.accepted[:, None]) & drafted  # (n, w) bool: observed survival
+        for i in drafters_in(d_ctx[spec]):
+            if i < 0 or not self.confidences[i]:
+                continue
+            rows = spec & (d_ctx == i)  # (n,) bool
+            self.conf[i].update(prod[rows][drafted[rows]], hit[rows][drafted[rows]])
+
+
+class PooledRows:
+    """Several steps' outcomes, row by row, for ``AcceptanceModel.learn_pooled``."""
+
+    NAMES = ("d", "tried", "accepted", "s", "t", "spec", "drafted", "category", "conf")
+
+    def __init__(self, K: int) -> None:
+        self.K = K
+        self.steps = 0
+        self._parts: list[tuple] = []
+        self._cols: dict[str, np.ndarray | None] = {}
+        self.one = -2  # the drafter of every row when each step had one drafter and every row drafted
+        # (-2: no step yet, -1: not so)
+
+    def add(self, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, uniform: bool) -> None:
+        """One step's (n,) arrays (``confidence`` (n, >= 1) or None) that learned anything (some ``spec``)."""
+        self._parts.append((d_ctx, tried, accepted, s, t, spec, drafted, category, confidence))
+        self.steps += 1
+        i = int(d_ctx[0]) if uniform and d_ctx[0] >= 0 and (spec.shape[0] == 1 or spec.all()) else -1
+        self.one = i if self.one in (-2, i) else -1
+
+    def col(self, name: str) -> np.ndarray | None:
+        """Column ``name`` over every step's rows (``step``: each row's step index; steps without a
+        category: -1, unknown; without confidences: NaN; None where no step has them)."""
+        if name not in self._cols:
+            self._cols[name] = self._concat(name)
+        return self._cols[name]
+
+    def _concat(self, name: str) -> np.ndarray | None:
+        parts = self._parts
+        if name == "step":
+            return np.repeat(np.arange(len(parts)), [p[0].shape[0] for p in parts])
+        j = self.NAMES.index(name)
+        if name in ("category", "conf"):
+            if all(p[j] is None for p in parts):
+                return None
+            if name == "category":
+                return np.concatenate([np.full(p[0].shape[0], -1) if p[j] is None else p[j] for p in parts])
+            return np.concatenate([np.full((p[0].shape[0], self.K), np.nan) if p[j] is None else _width(p[j], self.K)
+                                   for p in parts])  # (rows, K)
+        return np.concatenate([p[j] for p in parts])
+
+
+def _width(conf: np.ndarray, K: int) -> np.ndarray:
+    """(n, K): ``conf``'s first K columns, NaN-padded to K."""
+    if conf.shape[1] >= K:
+        return conf[:, :K]
+    return np.concatenate([conf, np.full((conf.shape[0], K - conf.shape[1]), np.nan)], axis=1)
+
+
+def _ages(step: np.ndarray) -> tuple[np.ndarray, int]:
+    """For rows of steps ``step`` (rows,), non-decreasing: each row's number of later distinct steps
+    among them, and the number of distinct steps."""
+    steps = np.unique(step)  # (updates,)
+    return (steps.size - 1) - np.searchsorted(steps, step), int(steps.size)
+
+
+def is_uniform(d: np.ndarray) -> bool:
+    """Whether one drafter index fills ``d`` (n,)."""
+    return d.size == 1 or bool((d == d[0]).all())
+
+
+def drafters_in(d: np.ndarray) -> np.ndarray:
+    """The distinct drafter indices in ``d`` (n,) (np.unique's sort, skipped for the usual one drafter)."""
+    if d.size == 0 or is_uniform(d):
+        return d[:1]
+    return np.unique(d)

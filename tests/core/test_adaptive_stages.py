@@ -1,0 +1,201 @@
+"""Each of ``adaptive``'s stages on its own: a step plan in, the stage's fields out."""
+
+import numpy as np
+import pytest
+
+from control.goodput.estimators import ConfidenceMap, PositionRates
+from control.goodput.optimizer import Choice, Constraints
+from control.plan import compile_plan
+from control.policy import StepOutcome, StepView
+from control.policy.adaptive.cuts import confidence_cuts
+from control.policy.adaptive.drafters import DrafterChoice
+from control.policy.adaptive.gate_stage import GateStage
+from control.policy.adaptive.optimise import Optimiser, amortised_lag, prefix_sums, residence_weights
+from control.policy.adaptive.probes import PROBE_TRIALS, probe_unmeasured
+from control.policy.adaptive.refit import REFIT_EVERY, CostRefit
+from control.policy.adaptive.step_plan import StepPlan
+from control.policy.adaptive.survival import AcceptanceModel
+from control.policy.adaptive.uniform_steps import UniformSteps
+from control.policy.base import PolicyContext
+from control.policy.gate import Gate
+from tests.conftest import make_profile
+
+K = 6
+
+
+def _view(n, ctx=300, lag=None, remaining=100, drafters=("draft", "ngram"), **kw):
+    dl = np.zeros((n, len(drafters)), dtype=np.int64) if lag is None else lag
+    return StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.broadcast_to(ctx, (n,)).copy(),
+                          remaining=np.full(n, remaining), drafters=drafters, max_k=K, free_kv_slots=10**6,
+                          token_budget=8192, draft_lag=dl, **kw)
+
+
+def _ctx(**prof):
+    return PolicyContext.from_plan(compile_plan(make_profile(**prof), max_k=K))
+
+
+def test_gate_stage_closes_after_a_dwell_of_zeros_only_when_the_pooled_rate_does_not_pay():
+    ctx = _ctx()
+    cost = ctx.cost
+    view = _view(4)
+    for pooled, closes in ((0.05, True), (0.9, False)):
+        stage = GateStage(Gate(None, 0.75, 3, 10**9), UniformSteps(2, K))
+        sp = StepPlan(view, np.full(4, K), lag=np.zeros(4, dtype=np.int64))
+        sp.choice = Choice(np.zeros(4, dtype=np.int64), 4.0, 10.0, 10.0)
+        for _ in range(3):
+            stage.evidence(sp, cost, [0], lambda i, r=pooled: r)
+        assert (stage.gate.b_off == 4) is closes, pooled
+        assert stage.gate.b_off == (4 if closes else np.inf)
+
+
+def test_gate_stage_retunes_to_the_batch_where_no_drafter_pays():
+    ctx = _ctx(target=(2e-5, 0.2, 4.0))  # compute-bound: speculation stops paying at moderate batch
+    stage = GateStage(Gate(None), UniformSteps(2, K))
+    stage.retune(_view(8), ctx.plan, ctx.cost, K, [0], lambda i: 0.7)
+    poor = stage.gate.b_off
+    stage.retune(_view(8), ctx.plan, ctx.cost, K, [0], lambda i: 0.95)
+    assert 1 <= poor < stage.gate.b_off  # better acceptance pays at larger batches
+
+
+def test_survival_stage_ranks_requests_by_their_own_acceptance_and_falls_along_positions():
+    ctx = _ctx()
+    acc = AcceptanceModel(ctx.prior_positions, 8.0, 64, ctx.confidences)
+    slots = np.arange(2)
+    acc.req[0].update(slots, np.array([40.0, 2.0]), np.array([44.0, 40.0]))  # request 0 accepts, 1 rejects
+    surv = acc.survival(_view(2), np.zeros(2, dtype=np.int64), True)  # (2, K)
+    assert surv.shape == (2, K)
+    assert (surv[0] > surv[1]).all()
+    assert (np.diff(surv, axis=1) <= 0).all()  # survival never grows along the draft
+    mixed = acc.survival(_view(2), np.array([0, 1]), False)
+    np.testing.assert_array_equal(mixed[0], surv[0])  # each row from its own drafter's estimators
+    assert not np.allclose(mixed[1], surv[1])
+
+
+def test_optimiser_stage_drafts_longer_for_the_request_that_accepts_more_and_tracks_its_pace():
+    ctx = _ctx()
+    opt = Optimiser(64)
+    view = _view(2)
+    sp = StepPlan(view, np.full(2, K), d_ctx=np.zeros(2, dtype=np.int64), lag=np.zeros(2, dtype=np.int64))
+    sp.surv = np.vstack([0.9 ** np.arange(1, K + 1), 0.3 ** np.arange(1, K + 1)])  # (2, K)
+    sp.cons = Constraints(10**6, 8192)
+    opt.run(sp, ctx.cost, None)
+    k = sp.choice.k
+    assert k[0] > k[1] >= 0
+    np.testing.assert_allclose(sp.accepted, [sp.surv[0, : k[0]].sum(), sp.surv[1, : k[1]].sum()])
+    opt.note_pace(sp)
+    np.testing.assert_allclose(opt.pace[:2], 1.0 + sp.accepted)  # first decision: pace is this step's
+
+
+def test_optimiser_helpers_weights_lag_and_prefix_sums():
+    ctx = _ctx()
+    view = _view(3, ctx=np.array([100, 100, 100]))
+    w = residence_weights(view, ctx.cost, np.array([1.0, 2.0, 4.0]), True)  # (3,)
+    assert w[0] > w[1] > w[2] and w.mean() == pytest.approx(1.0)  # slow requests' tokens are worth more
+    assert residence_weights(view, ctx.cost, np.full(3, 2.0), True) is None  # equal: no weights
+    surv = np.full((2, K), 0.5)
+    csum = prefix_sums(surv)  # (2, K+1)
+    np.testing.assert_allclose(csum[0], 0.5 * np.arange(K + 1))
+    lag = amortised_lag(np.array([60, 0]), surv, csum, np.array([2, 2]), np.array([40, 40]), np.arange(2))
+    np.testing.assert_allclose(lag, [60 / (40 / 2.0), 0.0])  # 40 tokens at 2 a step: 20 steps share it
+
+
+def test_probe_stage_gives_one_token_to_zero_k_requests_on_unmeasured_drafters_only():
+    ctx = _ctx()
+    pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(2)]
+    pos[0].update(np.full(PROBE_TRIALS, 1), np.ones(PROBE_TRIALS, dtype=np.int64))  # drafter 0 measured
+    view = _view(4)
+    sp = StepPlan(view, np.array([K, K, K, 0]), d_ctx=np.array([0, 1, 1, 1]), lag=np.array([0, 0, 5, 0]))
+    sp.surv, sp.cons = np.full((4, K), 0.5), Constraints(10**6, 8192)
+    sp.choice = Choice(np.zeros(4, dtype=np.int64), 4.0, 10.0, 10.0)
+    probed = probe_unmeasured(sp, pos, ctx.cost)
+    # measured drafter: no probe; lagging: no probe; capped at 0: no probe
+    np.testing.assert_array_equal(probed.k, [0, 1, 0, 0])
+    assert probed.tokens == pytest.approx(4.5)
+
+
+def test_cut_stage_maps_the_marginal_cost_through_the_drafters_calibration():
+    view = _view(3)
+    maps = [ConfidenceMap(), ConfidenceMap()]
+    sp = StepPlan(view, np.full(3, K), d_ctx=np.zeros(3, dtype=np.int64), uniform=True)
+    sp.choice = Choice(np.full(3, 2), 6.0, 10.0, 8.0, next_cost=np.array([1.0, 2.0, 4.0]))
+    sp.g_value = 0.1
+    cuts = confidence_cuts(sp, np.array([True, False]), maps)  # (3,)
+    np.testing.assert_array_equal(cuts, maps[0].raw_cut(np.array([0.1, 0.2, 0.4])))
+    assert (np.diff(cuts) >= 0).all()  # a dearer next token needs more confidence
+    sp.weights = np.array([2.0, 1.0, 0.5])
+    np.testing.assert_array_equal(confidence_cuts(sp, np.array([True, False]), maps),
+                                  maps[0].raw_cut(np.array([0.05, 0.2, 0.8])))
+    assert confidence_cuts(sp, np.array([False, False]), maps) is None  # nobody reports confidences
+
+
+def test_drafter_choice_stage_assigns_every_request_an_allowed_drafter_and_prices_rewards():
+    ctx = _ctx(acceptance={"draft": 0.75, "ngram": 0.6})
+    pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(2)]
+    choice = DrafterChoice(ctx, pos, UniformSteps(2, K), seed=0)
+    view = _view(6)
+    to_exec = np.array([0, 1])
+    sp = StepPlan(view, np.full(6, K))
+    choice.assign(sp, to_exec, ctx.cost)
+    assert sp.d_ctx.shape == (6,) and set(np.unique(sp.d_ctx)) <= {0, 1}
+    np.testing.assert_array_equal(sp.d_exec, to_exec[sp.d_ctx])
+    probs = choice.explore_probs(view, np.array([True, False]), to_exec, ctx.cost)
+    np.testing.assert_array_equal(probs, [1.0, 0.0])  # a drafter the executor lacks never wins
+    out = StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=np.zeros(6, dtype=np.int64),
+                      ctx_lens=view.ctx_lens, drafted=np.full(6, 4), verified=np.full(6, 4),
+                      accepted=np.array([0, 1, 2, 3, 4, 4]), verify_ms=10.0, step=0)
+    r = choice.rewards(out, np.zeros(6, dtype=np.int64), ctx.cost)  # (6,)
+    assert (np.diff(r) >= 0).all() and r[4] == r[5] and r[0] > 0  # same cost share: reward follows tokens
+
+
+def test_refit_stage_rebuilds_the_cost_model_every_refit_period_from_measured_times():
+    ctx = _ctx()
+    refit = CostRefit(ctx.cost)
+    n = 4
+    rebuilt = None
+    for step in range(4 * REFIT_EVERY):
+        k = np.full(n, 1 + step % 4)
+        out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=np.zeros(n, dtype=np.int64),
+                          ctx_lens=np.full(n, 300 + 50 * (step % 7)), drafted=k, verified=k, accepted=k // 2,
+                          verify_ms=3.0 * (6.0 + 0.02 * float(n + k.sum())), step=step)  # a GPU 3x slower
+        got = refit.update(out, np.zeros(n, dtype=np.int64), k > 0, True, ctx.cost.verify, ctx.cost)
+        assert (got is None) == ((step + 1) % REFIT_EVERY != 0)
+        rebuilt = got if got is not None else rebuilt
+    v = _view(n)
+    assert rebuilt.verify_ms(v.ctx_lens, np.full(n, 2)) > 2.0 * ctx.cost.verify_ms(v.ctx_lens, np.full(n, 2))
+
+
+def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_one():
+    """``learn_pooled`` over queued steps (two drafters, categories, confidences, steps where nobody
+    drafted) leaves the pooled estimators as ``learn`` step by step does, to rounding."""
+    from control.goodput.estimators import chain_trials
+    from control.policy.adaptive.survival import PooledRows
+
+    ctx = _ctx()
+    conf_on = np.array([True, False])
+    one, many = (AcceptanceModel(ctx.prior_positions, 8.0, 64, conf_on) for _ in range(2))
+    rows = PooledRows(K)
+    rng = np.random.default_rng(5)
+    for step in range(12):
+        n = int(rng.integers(1, 7))
+        d = rng.integers(0, 2, n)
+        drafted = rng.integers(0, K + 1, n) * (step % 5 != 3)  # step 3 and 8: nobody drafts
+        accepted = np.minimum(rng.integers(0, K + 1, n), drafted)
+        conf = np.where(np.arange(K)[None, :] < drafted[:, None], rng.uniform(0.05, 1.0, (n, K)), np.nan)
+        out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=d, ctx_lens=np.full(n, 300),
+                          drafted=drafted, verified=drafted, accepted=accepted, confidence=conf,
+                          category=rng.integers(-1, 4, n), step=step)
+        s, t = chain_trials(drafted, accepted)
+        spec = drafted > 0
+        if not spec.any():
+            continue
+        uniform = bool((d == d[0]).all())
+        one.learn(out, d, drafted, spec, s, t, uniform)
+        many.learn_request(out.slots, d, s, t, spec, uniform)
+        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf, uniform)
+    many.learn_pooled(rows)
+    for i in range(2):
+        np.testing.assert_allclose(many.pos[i]._counts, one.pos[i]._counts, rtol=1e-12)
+        np.testing.assert_array_equal(many.req[i].t, one.req[i].t)
+    np.testing.assert_array_equal(many.cat.trials, one.cat.trials)
+    np.testing.assert_allclose(many.conf[0].hits, one.conf[0].hits, rtol=1e-12)
+    np.testing.assert_allclose(many.conf[0].n, one.conf[0].n, rtol=1e-12)

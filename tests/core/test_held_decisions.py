@@ -1,0 +1,119 @@
+"""``adaptive``'s fast path: full decisions every few steps, look-ups between, outcomes learned in order."""
+
+import numpy as np
+import pytest
+
+from control.plan import compile_plan
+from control.policy import StepOutcome, StepView
+from control.policy.adaptive import AdaptivePolicy
+from control.policy.adaptive.held import RATE_BUCKETS, HeldDecisions
+from control.policy.base import PolicyContext
+from tests.conftest import make_profile
+
+K = 6
+
+
+def _policy(every, **prof):
+    plan = compile_plan(make_profile(**prof), max_k=K, drafters=["draft"])
+    return AdaptivePolicy(PolicyContext.from_plan(plan), seed=1, refresh_every=every)
+
+
+def _view(step, rids, ctx=400):
+    n = len(rids)
+    return StepView.build(slots=np.arange(n), request_ids=np.asarray(rids), ctx_lens=np.full(n, ctx + step),
+                          remaining=np.full(n, 300), drafters=("draft",), max_k=K, free_kv_slots=10**6,
+                          token_budget=8192, step=step)
+
+
+def _outcome(view, drafted, accepted, rng):
+    n = view.n
+    conf = np.where(np.arange(K)[None, :] < drafted[:, None], rng.uniform(0.05, 1.0, (n, K)), np.nan)
+    return StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=np.zeros(n, dtype=np.int64),
+                       ctx_lens=view.ctx_lens, drafted=drafted, verified=drafted, accepted=accepted,
+                       confidence=conf, verify_ms=8.0 + 0.1 * float(drafted.sum()), draft_ms=0.5 * float(drafted.max()),
+                       draft_passes=int(drafted.max()), draft_ctx_tokens=int(view.ctx_lens.sum()),
+                       draft_batched_tokens=int(drafted.sum()), step=view.step, prev_loop_ms=0.4, prev_loop_requests=n)
+
+
+def test_between_refreshes_a_step_looks_up_and_at_a_refresh_the_estimates_are_as_if_learned_every_step():
+    """The same outcomes fed to a policy deciding fully every step and to one refreshing every 8:
+    the second predicts only on refresh steps, and at each refresh its estimators, cost model and
+    confidence calibration hold what the first learned, exactly or to rounding (a draft model with
+    confidences: what it learns does not depend on the k asked)."""
+    every, fast = _policy(1), _policy(8)
+    rng = np.random.default_rng(0)
+    rids = np.arange(5)
+    for step in range(40):
+        v = _view(step, rids)
+        d_every, d_fast = every.decide(v), fast.decide(v)
+        assert np.isfinite(d_fast.predicted_step_ms) == (step % 8 == 0), step
+        if step % 8 == 0:
+            # the pooled estimators learn the queued steps at once: the same to rounding
+            np.testing.assert_allclose(fast.acceptance.pos[0]._counts, every.acceptance.pos[0]._counts, rtol=1e-12)
+            np.testing.assert_array_equal(fast.acceptance.req[0].s[:5], every.acceptance.req[0].s[:5])
+            np.testing.assert_allclose(fast.acceptance.conf[0].hits, every.acceptance.conf[0].hits, rtol=1e-12)
+            np.testing.assert_allclose(fast.acceptance.conf[0].n, every.acceptance.conf[0].n, rtol=1e-12)
+            assert fast._cost == every._cost
+            if step == 0:  # the same first decision (later ones differ: paces and warm starts move per decision)
+                np.testing.assert_array_equal(d_fast.k, d_every.k)
+        else:
+            held = fast.held.k[:5]
+            np.testing.assert_array_equal(d_fast.k, np.minimum(held, K))
+        drafted = np.full(5, 4)
+        accepted = rng.integers(0, 5, 5)
+        for pol in (every, fast):
+            pol.observe(_outcome(v, drafted, accepted, rng=np.random.default_rng(step)))
+
+
+def test_a_reader_of_the_estimates_sees_every_outcome_so_far():
+    pol = _policy(8)
+    v = _view(0, [0, 1])
+    pol.decide(v)
+    pol.observe(_outcome(v, np.array([3, 3]), np.array([3, 0]), np.random.default_rng(0)))
+    assert pol.pos[0].trials[0] == 2.0 and pol.req[0].t[0] > 0  # learned without waiting for a refresh
+
+
+def test_a_request_arriving_between_refreshes_takes_the_tables_draft_length_and_its_old_slot_is_forgotten():
+    pol = _policy(8)
+    rng = np.random.default_rng(0)
+    v = _view(0, [10, 11, 12])
+    pol.decide(v)
+    pol.observe(_outcome(v, np.full(3, 4), np.array([4, 4, 0]), rng))
+    v1 = _view(1, [10, 11, 99])  # request 12 left; 99 took its slot
+    d = pol.decide(v1)
+    rate = pol.acceptance.pooled_rate(0)  # (learned from step 0 when the table was built)
+    table_k = pol.held.table[0, min(int(rate * RATE_BUCKETS), RATE_BUCKETS - 1)]
+    assert d.k[2] == pol.held.new_k == min(table_k, pol.held.depth)  # no deeper than the refresh's drafts
+    assert not np.isfinite(d.predicted_step_ms)  # a look-up
+    req = pol.req[0]  # flushes: the reset of slot 2 comes after request 12's outcome
+    assert req.t[2] == 0.0 and req.s[2] == 0.0 and req.t[0] > 0.0
+
+
+def test_the_table_drafts_longer_for_higher_acceptance():
+    pol = _policy(8)
+    pol.decide(_view(0, np.arange(4)))
+    pol.held.admit(np.array([3]))  # builds the table from the refresh
+    row = pol.held.table[0]  # (RATE_BUCKETS,)
+    assert (np.diff(row) >= 0).all() and row[-1] > row[0]
+    assert row.max() <= K
+
+
+@pytest.mark.parametrize("change", ["batch", "drafters"])
+def test_a_new_batch_size_bucket_or_drafter_set_forces_a_full_decision(change):
+    pol = _policy(8)
+    pol.decide(_view(0, np.arange(4)))
+    assert not np.isfinite(pol.decide(_view(1, np.arange(4))).predicted_step_ms)
+    if change == "batch":
+        v = _view(2, np.arange(9))  # 4 -> 9 requests: another power-of-two bucket
+    else:
+        v = StepView.build(slots=np.arange(4), request_ids=np.arange(4), ctx_lens=np.full(4, 400),
+                           remaining=np.full(4, 300), drafters=("ngram", "draft"), max_k=K, free_kv_slots=10**6,
+                           token_budget=8192, step=2)
+    assert np.isfinite(pol.decide(v).predicted_step_ms)
+
+
+def test_refresh_every_must_be_positive():
+    with pytest.raises(ValueError, match="refresh_every = 0"):
+        _policy(0)
+    h = HeldDecisions(4, 1, K, every=3)
+    assert h.due(2, 0, np.zeros(1, dtype=np.int64))  # nothing held yet
