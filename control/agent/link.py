@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from control.agent.wire import SOURCE_PATTERN, group_name
+from control.agent.wire import SOURCE_PATTERN, SOURCE_RULE, group_name, host_source
 from control.errors import ConfigError
 from control.plan import Plan, parse_plan
 
@@ -55,9 +55,9 @@ def replica_id(environ: dict[str, str] | None = None) -> str:
     given = env.get(REPLICA_ENV)
     if given is not None:
         if not re.fullmatch(SOURCE_PATTERN, given):
-            raise ConfigError(f"{REPLICA_ENV}={given[:80]!r}: use 1..128 of A-Z a-z 0-9 _ . : @ / -")
+            raise ConfigError(f"{REPLICA_ENV}={given[:80]!r}: {SOURCE_RULE}")
         return given
-    return re.sub(r"[^A-Za-z0-9_.:@/\-]", "-", f"{os.uname().nodename}-{os.getpid()}")[:128]
+    return host_source()
 
 
 class Backoff:
