@@ -22,6 +22,7 @@ from control.profile import Profile
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 DEFAULT_CTX_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_ACC_BUCKETS = tuple(round(x, 2) for x in np.arange(0.05, 0.96, 0.05))
+CUT_DECIMALS = 6  # confidence cuts are published rounded to this many decimals
 DEFAULT_TYPICAL_CTX = 1024  # context tokens the static schedule and gate assume when the profile names none
 
 
@@ -62,7 +63,7 @@ def compile_plan(
     k_tab, cut_tab = tabulate_k(cost, batch_buckets, ctx_buckets, acc_buckets, max_k, slo,
                                 limits.kv_tokens, limits.token_budget)
     table = KTable(drafter=default, batch=list(batch_buckets), ctx=list(ctx_buckets), acceptance=list(acc_buckets),
-                   k=k_tab.tolist(), conf_cut=np.round(cut_tab, 6).tolist())
+                   k=k_tab.tolist(), conf_cut=np.round(cut_tab, CUT_DECIMALS).tolist())
     rate = acceptance.rate.get(default, profile.acceptance.get(default, DEFAULT_ACCEPTANCE))
     gate = gate.model_copy() if gate is not None else GateParams()
     if gate.b_off is None:
