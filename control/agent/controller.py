@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from control.agent.link import STOP_TIMEOUT_S
 from control.agent.window import REQUEST_CAPACITY, STEP_CAPACITY, TelemetryWindow
 from control.agent.wire import MAX_SAMPLES, SOURCE_PATTERN, SOURCE_RULE, host_source
 from control.errors import ConfigError
@@ -69,6 +70,7 @@ DEFAULT_PLAN_ID = "default"
 # turning it into a document on the network thread to a few tens of milliseconds.
 MAX_WINDOW_REQUEST_STEPS = 1 << 18
 MAX_PARKED_POLICIES = 4  # policies set aside by switches, learned state kept (oldest dropped first)
+WAIT_POLL_S = 0.01  # how often wait_for_plan looks
 
 
 @dataclass(slots=True)
@@ -409,7 +411,7 @@ class Agent:
         self._link.start()
         return self
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Close the open window, try to send what is queued (up to ``timeout_s``), join the thread.
 
         Call after the engine loop has stopped (the open window belongs to the engine thread).
@@ -430,7 +432,7 @@ class Agent:
             p = self._pending
             if predicate(self._plan_id, self._plan) or (p is not None and predicate(p.plan_id, p.plan)):
                 return True
-            time.sleep(0.01)
+            time.sleep(WAIT_POLL_S)
         return False
 
     def stats(self) -> AgentStats:
