@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from control.agent import Agent
+from tests.agent.test_agent import FAST, _wait
 from tests.conftest import make_profile
 from tests.service.conftest import AUTH, FAST_REPLAN, TOKEN, ServiceProcess
 from tests.service.driver import EngineThread, SyntheticEngine
-from tests.service.test_agent import FAST, _wait
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from control.cli import main
-from tests.executor.conftest import tiny_profile
+from tests.executors.reference.conftest import tiny_profile
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ confidences and steps report their loop time: every branch of ``adaptive`` gets 
 follow each request's own acceptance rate, so the sequence depends on the decisions: a policy that
 decides differently at one step sees different steps after it.
 
-``python -m tests.core.decision_trace OUT.npz`` records the decisions of the code on the path (the
-file in ``tests/core/data`` was recorded before the fast path existed: the same decisions after it
+``python -m tests.policy.decision_trace OUT.npz`` records the decisions of the code on the path (the
+file in ``tests/policy/data`` was recorded before the fast path existed: the same decisions after it
 are what ``test_decision_cost.py`` checks).
 """
 
@@ -116,7 +116,7 @@ CASES = (("adaptive", "h100-8b"), ("adaptive", "cpu-3drafters"), ("adaptive", "g
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tests.core.decision_trace OUT.npz", file=sys.stderr)
+        print("usage: python -m tests.policy.decision_trace OUT.npz", file=sys.stderr)
         return 2
     arrays = {}
     for pol, prof in CASES:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.core.decision_trace import CASES, flatten, replay
+from tests.policy.decision_trace import CASES, flatten, replay
 
 RECORDED = Path(__file__).parent / "data" / "adaptive_decisions.npz"
 EXACT = ("k", "drafter", "prefill_draft", "prefill_drafter")

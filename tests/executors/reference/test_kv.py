@@ -11,7 +11,14 @@ import torch
 from control.executors.reference.loader import load_engine_dir
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
 from control.policy.types import Decision
-from tests.executor.conftest import ChaosPolicy, Recorder, greedy, make_engine, plain_reference, run_schedule
+from tests.executors.reference.conftest import (
+    ChaosPolicy,
+    Recorder,
+    greedy,
+    make_engine,
+    plain_reference,
+    run_schedule,
+)
 
 
 class Scripted:

@@ -12,7 +12,7 @@ import pytest
 from control.errors import ConfigError
 from control.executors.base import Executor, FinishReason, SamplingParams
 from control.policy.types import Decision
-from tests.executor.conftest import Recorder, greedy, make_engine, make_policy, plain_reference
+from tests.executors.reference.conftest import Recorder, greedy, make_engine, make_policy, plain_reference
 
 
 class Always:

@@ -11,7 +11,7 @@ from control.errors import ConfigError
 from control.executors.reference.drafters import SelfSpec
 from control.executors.reference.loader import load_engine_dir
 from control.executors.reference.model import LlamaConfig, save_pretrained
-from tests.executor.tiny import random_model
+from tests.executors.reference.tiny import random_model
 
 
 @pytest.fixture

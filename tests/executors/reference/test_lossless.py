@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from control.executors.reference.drafters import SelfSpec
-from tests.executor.conftest import (
+from tests.executors.reference.conftest import (
     ChaosPolicy,
     Recorder,
     greedy,
@@ -123,7 +123,7 @@ def test_batch_of_one_plain_equals_packed_plain(loaded, prompts, reference):
 def test_engine_driven_by_the_agent(loaded, prompts, reference):
     """The in-process agent (control/agent/, default plan, no service) as the engine's policy."""
     from control.agent import Agent
-    from tests.executor.conftest import tiny_profile
+    from tests.executors.reference.conftest import tiny_profile
 
     eng = make_engine(loaded)
     agent = Agent(tiny_profile(), policy="fixed:3", drafters=eng.drafter_names, max_k=6)

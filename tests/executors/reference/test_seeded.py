@@ -9,7 +9,7 @@ import pytest
 from control.executors.base import SamplingParams
 from control.executors.reference.engine import PlainDecoding
 from control.executors.reference.sampling import PositionNoise, verify_coupled
-from tests.executor.conftest import ChaosPolicy, make_engine, make_policy, run_schedule
+from tests.executors.reference.conftest import ChaosPolicy, make_engine, make_policy, run_schedule
 
 SEEDS = (7, 11, 2**40 + 3)
 

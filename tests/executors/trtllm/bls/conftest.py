@@ -12,8 +12,8 @@ import yaml
 
 from control.triton.server import TritonServer, free_server_ports
 from tests.conftest import make_profile
-from tests.trtllm_triton.deploy import ROOT, build_repository
-from tests.trtllm_triton.engines import build_tiny_engines, load_target, train_tokenizer
+from tests.executors.trtllm.bls.deploy import ROOT, build_repository
+from tests.executors.trtllm.bls.engines import build_tiny_engines, load_target, train_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import yaml
 from control.cli import main
 from control.plan import parse_plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 STANDIN = Path(__file__).parent / "standin" / "model.py"
 RECIPES = {"draft": ROOT / "build" / "recipes" / "h100-llama3.1-8b-draft.yaml",
            "ngram": ROOT / "build" / "recipes" / "h100-llama3.1-8b-ngram.yaml"}

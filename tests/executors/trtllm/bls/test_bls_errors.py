@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.trtllm_triton.client import Generation, Stream, generate, http_post, inputs
-from tests.trtllm_triton.engines import greedy
+from tests.executors.trtllm.bls.client import Generation, Stream, generate, http_post, inputs
+from tests.executors.trtllm.bls.engines import greedy
 
 
 def _raw(url: str, model: str, ins: list[grpcclient.InferInput]) -> str | None:

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.trtllm_triton.client import Stream, generate, http_post, sse_events
-from tests.trtllm_triton.engines import greedy
+from tests.executors.trtllm.bls.client import Stream, generate, http_post, sse_events
+from tests.executors.trtllm.bls.engines import greedy
 
 TEXTS = ["the target verifies drafts", "speculative decoding", "a cost model and the acceptance it observes",
          "greedy output equals plain greedy decoding", "batch sizes"]

@@ -14,7 +14,7 @@ from control.executors.trtllm.reference_driver import ReferenceEngineClient, Ref
 from control.plan import compile_plan
 from control.policy import build_policy
 from tests.conftest import make_profile
-from tests.trtllm_triton.engines import greedy
+from tests.executors.trtllm.bls.engines import greedy
 
 PROMPTS = [[5, 9, 3, 17], [40, 41, 42], [7, 7, 8, 9, 10]]
 

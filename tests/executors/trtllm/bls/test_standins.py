@@ -9,7 +9,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from control.executors.trtllm.tensors import generate_request, output_tokens, verify_request
-from tests.trtllm_triton.engines import greedy
+from tests.executors.trtllm.bls.engines import greedy
 
 PROMPT = np.array([5, 9, 3, 17, 22])
 

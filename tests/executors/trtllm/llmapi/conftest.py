@@ -1,5 +1,5 @@
 """One real deployment per session: the control-plane service and tritonserver serving the rendered LLM
-API deployment (``executor: trtllm``) with the stand-in ``tensorrt_llm`` package (tests/llmhost/standin)
+API deployment (``executor: trtllm``) with the stand-in ``tensorrt_llm`` package (tests/executors/trtllm/llmapi/standin)
 over tiny reference checkpoints."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import yaml
 
 from control.triton.server import TritonServer, free_port, free_server_ports
 from tests.conftest import make_profile
-from tests.llmhost.deploy import ROOT, build_repository
-from tests.trtllm_triton.engines import build_tiny_engines
+from tests.executors.trtllm.bls.engines import build_tiny_engines
+from tests.executors.trtllm.llmapi.deploy import ROOT, build_repository
 
 TOKEN = "llmhost-token-0123456789abcdef"
 FAIL_TOKEN = 0  # "<unk>": a prompt holding it fails mid-stream in the stand-in (text prompts of known words never do)

@@ -20,9 +20,9 @@ import yaml
 
 from control.cli import main
 from control.triton.repo import write_token_file
-from tests.trtllm_triton.deploy import set_param
+from tests.executors.trtllm.bls.deploy import set_param
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 STANDIN = Path(__file__).parent / "standin"  # the stand-in `tensorrt_llm` package lives here
 RECIPES = {"draft": ROOT / "build" / "recipes" / "h100-llama3.1-8b-draft.yaml",
            "ngram": ROOT / "build" / "recipes" / "h100-llama3.1-8b-ngram.yaml"}

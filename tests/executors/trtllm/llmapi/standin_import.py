@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Iterator
 
-from tests.llmhost.deploy import STANDIN
+from tests.executors.trtllm.llmapi.deploy import STANDIN
 
 
 def _drop() -> None:

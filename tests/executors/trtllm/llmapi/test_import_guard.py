@@ -11,9 +11,9 @@ import pytest
 from control.errors import SpecctlError
 from control.executors.trtllm.version import PINNED
 from control.triton.server import TritonServer, free_server_ports
-from tests.llmhost.deploy import ROOT, install_model, render
+from tests.executors.trtllm.llmapi.deploy import ROOT, install_model, render
 
-STANDIN_ENV = "SPECCTL_STANDIN_TRTLLM_VERSION"  # which release the stand-in says it is (tests/llmhost/standin)
+STANDIN_ENV = "SPECCTL_STANDIN_TRTLLM_VERSION"  # which release the stand-in says it is (tests/executors/trtllm/llmapi/standin)
 
 pytestmark = pytest.mark.e2e
 

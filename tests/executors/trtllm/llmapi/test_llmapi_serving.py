@@ -19,8 +19,8 @@ from control.clients.triton import (
     model_stats,
     stream_generate,
 )
-from tests.llmhost.conftest import FAIL_TOKEN, TOKEN
-from tests.trtllm_triton.engines import CORPUS, train_tokenizer
+from tests.executors.trtllm.bls.engines import CORPUS, train_tokenizer
+from tests.executors.trtllm.llmapi.conftest import FAIL_TOKEN, TOKEN
 
 pytestmark = pytest.mark.e2e
 

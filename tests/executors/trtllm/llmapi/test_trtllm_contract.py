@@ -15,7 +15,7 @@ from control.executors.trtllm.drafter_hook import drafter_init_kwargs
 from control.executors.trtllm.llmapi import DECODING_CLASSES, NESTED_CLASSES, sampling_kwargs
 from control.executors.trtllm.version import PINNED, SUPPORTED, load_contract
 from control.triton.llmapi_model import SINGLE_PROCESS_ENV
-from tests.llmhost.deploy import ROOT, STANDIN
+from tests.executors.trtllm.llmapi.deploy import ROOT, STANDIN
 
 GOLDEN = ROOT / "tests" / "buildsys" / "golden"
 PKG = STANDIN / "tensorrt_llm"

@@ -18,8 +18,8 @@ from control.executors.trtllm.version import PINNED, require_release
 from control.plan import compile_plan
 from control.policy import build_policy
 from tests.conftest import make_profile
-from tests.llmhost.deploy import ROOT
-from tests.llmhost.standin_import import standin
+from tests.executors.trtllm.llmapi.deploy import ROOT
+from tests.executors.trtllm.llmapi.standin_import import standin
 
 MAX_K = 4
 
