@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from control.errors import ConfigError
 
 MAX_K_LIMIT = 16
+DEFAULT_MAX_K = 8  # K when a plan, command or deployment names none
 MAX_BATCH_LIMIT = 65536  # the largest batch size a spec may name (any real deployment is far below)
 MAX_DIGITS = 6  # digits in one number of a spec; enough for MAX_BATCH_LIMIT
 MAX_SCHEDULE_ENTRIES = 64
 MAX_SPEC_CHARS = 1024
 NAMES = ("none", "fixed", "smartspec", "turbospec", "specserve", "hf-heuristic", "static-schedule", "adaptive", "oracle")
 ACCEPTED = (
-    "none, fixed:K (K = 0..16), smartspec, turbospec, specserve, hf-heuristic, "
+    f"none, fixed:K (K = 0..{MAX_K_LIMIT}), smartspec, turbospec, specserve, hf-heuristic, "
     "static-schedule[:B=K,...|:maxconc=N], adaptive, oracle (simulator only)"
 )
 _NUMBER = f"[0-9]{{1,{MAX_DIGITS}}}"  # ASCII only: \d would also take other scripts' digits

@@ -1,4 +1,4 @@
-"""Shared fixtures. Test areas live in subpackages (tests/core, tests/executor, tests/sim, ...).
+"""Shared fixtures. Test areas mirror control/'s packages (tests/policy, tests/executors/reference, ...).
 
 Synthetic profiles with known coefficients are for tests only; real profiles come from
 `specctl profile` and `specctl roofline`."""
@@ -49,7 +49,7 @@ def profile():
 def tiny_engine_dir(tmp_path_factory):
     """A tiny engine directory (random Llama target, two drafts, n-gram; tokenizer trained in process),
     in the layout of control/executors/manifest.py. Built once per session in about a second."""
-    from tests.executor.tiny import build_tiny_engine_dir
+    from tests.executors.reference.tiny import build_tiny_engine_dir
 
     return build_tiny_engine_dir(tmp_path_factory.mktemp("engines") / "cpu")
 

@@ -48,12 +48,19 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from control.agent.window import TelemetryWindow
-from control.agent.wire import SOURCE_PATTERN
+from control.agent.link import STOP_TIMEOUT_S
+from control.agent.window import REQUEST_CAPACITY, STEP_CAPACITY, TelemetryWindow
+from control.agent.wire import MAX_SAMPLES, SOURCE_PATTERN, SOURCE_RULE, host_source
 from control.errors import ConfigError
 from control.plan import SLO, Plan, compile_plan
 from control.policy.types import Decision, Policy, StepOutcome, StepView
-from control.policyspec import MAX_BATCH_LIMIT, MAX_K_LIMIT, check_policy_bounds, parse_policy_spec
+from control.policyspec import (
+    DEFAULT_MAX_K,
+    MAX_BATCH_LIMIT,
+    MAX_K_LIMIT,
+    check_policy_bounds,
+    parse_policy_spec,
+)
 from control.profile import Profile
 
 log = logging.getLogger("specctl.agent")
@@ -63,6 +70,7 @@ DEFAULT_PLAN_ID = "default"
 # turning it into a document on the network thread to a few tens of milliseconds.
 MAX_WINDOW_REQUEST_STEPS = 1 << 18
 MAX_PARKED_POLICIES = 4  # policies set aside by switches, learned state kept (oldest dropped first)
+WAIT_POLL_S = 0.01  # how often wait_for_plan looks
 
 
 @dataclass(slots=True)
@@ -136,7 +144,7 @@ class Agent:
     """
 
     def __init__(self, profile: Profile, *, url: str | None = None, policy: str = "adaptive",
-                 drafters: Sequence[str] | None = None, max_k: int = 8, slo: SLO | None = None,
+                 drafters: Sequence[str] | None = None, max_k: int = DEFAULT_MAX_K, slo: SLO | None = None,
                  token: str | None = None, source: str | None = None, telemetry_interval_s: float = 1.0,
                  queue_windows: int = 8, max_samples: int = 256, backoff_initial_s: float = 0.25,
                  backoff_max_s: float = 5.0, timeout_s: float = 2.0, keepalive_timeout_s: float = 20.0,
@@ -149,8 +157,8 @@ class Agent:
             raise ConfigError(f"telemetry_interval_s = {telemetry_interval_s!r}: must be a number > 0")
         if queue_windows < 1:
             raise ConfigError(f"queue_windows = {queue_windows!r}: must be >= 1")
-        if not 0 <= max_samples <= 4096:
-            raise ConfigError(f"max_samples = {max_samples!r}: must be in 0..4096")
+        if not 0 <= max_samples <= MAX_SAMPLES:
+            raise ConfigError(f"max_samples = {max_samples!r}: must be in 0..{MAX_SAMPLES}")
         if not (0 < backoff_initial_s <= backoff_max_s):
             raise ConfigError(f"backoff: need 0 < backoff_initial_s ({backoff_initial_s}) <= backoff_max_s ({backoff_max_s})")
         spec = str(parse_policy_spec(policy))
@@ -162,8 +170,8 @@ class Agent:
         self.url = _check_url(url) if url else None
         self.token = token if token is not None else os.environ.get("SPECCTL_TOKEN")
         if source is not None and not re.fullmatch(SOURCE_PATTERN, source):
-            raise ConfigError(f"agent source {source!r}: use 1..128 of A-Z a-z 0-9 _ . : @ / -")
-        self.source = source or re.sub(r"[^A-Za-z0-9_.:@/\-]", "-", f"{os.uname().nodename}-{os.getpid()}")[:128]
+            raise ConfigError(f"agent source {source!r}: {SOURCE_RULE}")
+        self.source = source or host_source()
         self.interval = float(telemetry_interval_s)
         self.max_samples = int(max_samples)
         self.seed = seed
@@ -372,8 +380,8 @@ class Agent:
         w = self._window
         w.closed_at = now
         # Size the next window's buffers from this one's use, so they rarely grow mid-window.
-        self._window = TelemetryWindow(w.drafters, self.max_samples, now, self._rng, capacity=max(4096, w.pos + w.pos // 4),
-                                       step_capacity=max(1024, w.steps + w.steps // 4))
+        self._window = TelemetryWindow(w.drafters, self.max_samples, now, self._rng, capacity=max(REQUEST_CAPACITY, w.pos + w.pos // 4),
+                                       step_capacity=max(STEP_CAPACITY, w.steps + w.steps // 4))
         if self.url is None:
             return
         q = self.queue
@@ -403,7 +411,7 @@ class Agent:
         self._link.start()
         return self
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Close the open window, try to send what is queued (up to ``timeout_s``), join the thread.
 
         Call after the engine loop has stopped (the open window belongs to the engine thread).
@@ -424,7 +432,7 @@ class Agent:
             p = self._pending
             if predicate(self._plan_id, self._plan) or (p is not None and predicate(p.plan_id, p.plan)):
                 return True
-            time.sleep(0.01)
+            time.sleep(WAIT_POLL_S)
         return False
 
     def stats(self) -> AgentStats:

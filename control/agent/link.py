@@ -36,13 +36,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from control.agent.wire import SOURCE_PATTERN, group_name
+from control.agent.wire import SOURCE_PATTERN, SOURCE_RULE, group_name, host_source
 from control.errors import ConfigError
 from control.plan import Plan, parse_plan
 
 log = logging.getLogger("specctl.agent")
 
 POLL_S = 0.2  # how often the telemetry task looks at the queue
+TELEMETRY_BACKOFF_S = 0.25  # first retry delay of a telemetry post (capped by the agent's backoff_max_s)
+MAX_DOUBLINGS = 30  # a backoff stops doubling here (its cap is reached long before; keeps 2**n finite)
+START_WAIT_S = 5.0  # how long start() waits for the network thread to come up
+STOP_TIMEOUT_S = 2.0  # default time for the network thread to finish its last post on stop()
+JOIN_GRACE_S = 2.0  # beyond the stop timeout, before the thread is reported as not stopping
+MAX_CONNECTIONS, MAX_KEEPALIVE = 4, 2  # the link's HTTP pool: the plan stream and telemetry posts
 REPLICA_ENV = "SPECCTL_REPLICA"
 
 
@@ -55,9 +61,9 @@ def replica_id(environ: dict[str, str] | None = None) -> str:
     given = env.get(REPLICA_ENV)
     if given is not None:
         if not re.fullmatch(SOURCE_PATTERN, given):
-            raise ConfigError(f"{REPLICA_ENV}={given[:80]!r}: use 1..128 of A-Z a-z 0-9 _ . : @ / -")
+            raise ConfigError(f"{REPLICA_ENV}={given[:80]!r}: {SOURCE_RULE}")
         return given
-    return re.sub(r"[^A-Za-z0-9_.:@/\-]", "-", f"{os.uname().nodename}-{os.getpid()}")[:128]
+    return host_source()
 
 
 class Backoff:
@@ -72,7 +78,7 @@ class Backoff:
         self._rng = rng or random.Random()
 
     def next(self) -> float:
-        d = min(self.max, self.initial * (2.0 ** min(self.attempt, 30)))
+        d = min(self.max, self.initial * (2.0 ** min(self.attempt, MAX_DOUBLINGS)))
         self.attempt += 1
         return self._rng.uniform(d / 2.0, d)
 
@@ -169,7 +175,7 @@ class ServiceLink:
         self.last_plan_id: str | None = None
         self._seq = 0
         self._encoded: tuple[Any, bytes] | None = None  # the queue head's document, kept for retries
-        self._stop_timeout = 2.0
+        self._stop_timeout = STOP_TIMEOUT_S
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -180,18 +186,18 @@ class ServiceLink:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="specctl-agent-link", daemon=True)
         self._thread.start()
-        self._started.wait(5.0)
+        self._started.wait(START_WAIT_S)
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         self._stop_timeout = timeout_s
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop already finished
                 loop.call_soon_threadsafe(stop.set)
         if self._thread is not None:
-            self._thread.join(timeout_s + 2.0)
+            self._thread.join(timeout_s + JOIN_GRACE_S)
             if self._thread.is_alive():
-                log.warning("specctl agent: the network thread did not stop within %.1f s", timeout_s + 2.0)
+                log.warning("specctl agent: the network thread did not stop within %.1f s", timeout_s + JOIN_GRACE_S)
 
     def _run(self) -> None:
         try:
@@ -209,7 +215,7 @@ class ServiceLink:
         headers = {"User-Agent": "specctl-agent"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        limits = httpx.Limits(max_connections=4, max_keepalive_connections=2)
+        limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE)
         async with httpx.AsyncClient(headers=headers, limits=limits, trust_env=False) as client:
             plans = asyncio.create_task(self._plan_loop(client))
             telemetry = asyncio.create_task(self._telemetry_loop(client))
@@ -296,7 +302,7 @@ class ServiceLink:
         return self._encoded[1]
 
     async def _telemetry_loop(self, client) -> None:
-        backoff = Backoff(min(0.25, self.backoff[1]), max(self.backoff[1], 0.25), rng=self._rng)
+        backoff = Backoff(min(TELEMETRY_BACKOFF_S, self.backoff[1]), max(self.backoff[1], TELEMETRY_BACKOFF_S), rng=self._rng)
         q = self.agent.queue
         url = f"{self.url}/v1/telemetry"
         while True:

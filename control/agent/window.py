@@ -12,6 +12,10 @@ import numpy as np
 from control.agent.wire import K_BUCKETS, MAX_MS, TELEMETRY_SCHEMA
 from control.policy.types import StepOutcome, stopped_short
 
+# Initial buffer sizes of a window (request-steps, steps); Agent sizes later windows from the last one's use.
+REQUEST_CAPACITY = 4096
+STEP_CAPACITY = 1024
+
 
 def _segment_sums(x: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Sums of consecutive segments of ``x`` with lengths ``lens`` (empty segments sum to 0)."""
@@ -44,19 +48,20 @@ class TelemetryWindow:
     """
 
     # Per request-step rows and per-step columns of the buffers.
-    R_K, R_DRAFTER, R_DRAFTED, R_VERIFIED, R_ACCEPTED, R_CTX = range(6)
-    S_N, S_VERIFY, S_DRAFT, S_TOTAL, S_PRED, S_PASSES, S_DCTX, S_DBATCH, S_FINISHED = range(9)
+    REQ_ROWS, STEP_COLS = 6, 9
+    R_K, R_DRAFTER, R_DRAFTED, R_VERIFIED, R_ACCEPTED, R_CTX = range(REQ_ROWS)
+    S_N, S_VERIFY, S_DRAFT, S_TOTAL, S_PRED, S_PASSES, S_DCTX, S_DBATCH, S_FINISHED = range(STEP_COLS)
 
     def __init__(self, drafters: tuple[str, ...], max_samples: int, started: float, rng: random.Random,
-                 capacity: int = 4096, step_capacity: int = 1024) -> None:
+                 capacity: int = REQUEST_CAPACITY, step_capacity: int = STEP_CAPACITY) -> None:
         self.drafters = drafters
         self.m = max(len(drafters), 1)
         self.max_samples = max_samples
         self.started = started
         self.closed_at = started
         self.rng = rng
-        self.req = np.zeros((6, max(capacity, 1)), dtype=np.int64)
-        self.step_rows = np.zeros((max(step_capacity, 1), 9))
+        self.req = np.zeros((self.REQ_ROWS, max(capacity, 1)), dtype=np.int64)  # (REQ_ROWS, capacity)
+        self.step_rows = np.zeros((max(step_capacity, 1), self.STEP_COLS))  # (step_capacity, STEP_COLS)
         self.pos = 0  # request-steps filled
         self.steps = 0
         self._decided = -1  # n of the decision waiting for its outcome
@@ -81,7 +86,7 @@ class TelemetryWindow:
     def _grow(self, n: int) -> None:
         need = self.pos + n
         if need > self.req.shape[1]:
-            grown = np.zeros((6, max(need, 2 * self.req.shape[1])), dtype=np.int64)
+            grown = np.zeros((self.REQ_ROWS, max(need, 2 * self.req.shape[1])), dtype=np.int64)
             grown[:, : self.pos] = self.req[:, : self.pos]
             self.req = grown
 

@@ -16,6 +16,7 @@ rejects a document with 422 naming the first bad field, or with 413 when the bod
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Literal
 
@@ -31,9 +32,13 @@ K_BUCKETS = MAX_K_LIMIT + 1  # k = 0..K
 MAX_COUNT = 10**12  # any count above this is corrupt
 MAX_MS = 1.0e7  # about 2.8 hours: a longer "step" is corrupt
 MAX_WINDOW_S = 3600.0
-SOURCE_PATTERN = r"^[A-Za-z0-9_.:@/\-]{1,128}$"
+MAX_SOURCE_CHARS = 128
+SOURCE_PATTERN = rf"^[A-Za-z0-9_.:@/\-]{{1,{MAX_SOURCE_CHARS}}}$"
+SOURCE_RULE = f"use 1..{MAX_SOURCE_CHARS} of A-Z a-z 0-9 _ . : @ / -"
+_SOURCE_OFF = re.compile(r"[^A-Za-z0-9_.:@/\-]")
 # A deployment group: the replicas that serve one model pair on one SKU, ``<sku>/<pair>`` (``group_name``).
-GROUP_PATTERN = r"^[A-Za-z0-9_.:+@\-]{1,64}/[A-Za-z0-9_.:+@\-]{1,128}$"
+MAX_SKU_CHARS, MAX_PAIR_CHARS = 64, 128  # the two halves of a group name, <sku>/<pair>
+GROUP_PATTERN = rf"^[A-Za-z0-9_.:+@\-]{{1,{MAX_SKU_CHARS}}}/[A-Za-z0-9_.:+@\-]{{1,{MAX_PAIR_CHARS}}}$"
 _GROUP_PART = re.compile(r"[^A-Za-z0-9_.:+@\-]")
 # Column order of the agent's sample buffer (control.agent.TelemetryWindow) and of ``StepSamples``.
 SAMPLE_FIELDS = (
@@ -204,4 +209,10 @@ class TelemetryBatch(BaseModel):
 
 def group_name(sku: str, pair: str) -> str:
     """A profile's deployment group, ``<sku>/<pair>``, with characters the wire does not carry replaced by '-'."""
-    return f"{_GROUP_PART.sub('-', sku)[:64] or '-'}/{_GROUP_PART.sub('-', pair)[:128] or '-'}"
+    return f"{_GROUP_PART.sub('-', sku)[:MAX_SKU_CHARS] or '-'}/{_GROUP_PART.sub('-', pair)[:MAX_PAIR_CHARS] or '-'}"
+
+
+def host_source() -> str:
+    """``<host>-<pid>`` of this process as a source id the wire carries (odd characters to ``-``, cut to
+    ``MAX_SOURCE_CHARS``)."""
+    return _SOURCE_OFF.sub("-", f"{os.uname().nodename}-{os.getpid()}")[:MAX_SOURCE_CHARS]

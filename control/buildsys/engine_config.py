@@ -31,6 +31,8 @@ from control.executors.trtllm.tensors import TRTLLM_INPUTS, TRTLLM_OUTPUTS
 from control.executors.trtllm.version import PINNED
 
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "nvfp4": "bfloat16"}
+# With a separate draft engine, how the KV-cache memory is shared between the target and the draft.
+TARGET_KV_SHARE, DRAFT_KV_SHARE = 0.8, 0.2
 
 
 def _checkpoint(recipe: Recipe, model_dir: str, out: str, tp: int, what: str) -> Step:
@@ -155,11 +157,11 @@ def tensorrt_artifacts(recipe: Recipe, resolved: ResolvedProfile, fit: MemoryFit
     launch = triton_launch(recipe.tp, two)
     gpus = launch.gpu_device_ids
     art.add("triton_repo/tensorrt_llm/config.pbtxt",
-            tensorrt_llm_config("tensorrt_llm", "@OUT@/engines/target", recipe, round(frac * (0.8 if two else 1.0), 3),
+            tensorrt_llm_config("tensorrt_llm", "@OUT@/engines/target", recipe, round(frac * (TARGET_KV_SHARE if two else 1.0), 3),
                                 draft_logits=spec.draft_logits, gpu_device_ids=gpus.get("tensorrt_llm")))
     if two:
         art.add("triton_repo/tensorrt_llm_draft/config.pbtxt",
-                tensorrt_llm_config("tensorrt_llm_draft", "@OUT@/engines/draft", recipe, round(frac * 0.2, 3),
+                tensorrt_llm_config("tensorrt_llm_draft", "@OUT@/engines/draft", recipe, round(frac * DRAFT_KV_SHARE, 3),
                                     draft_logits=False, gpu_device_ids=gpus.get("tensorrt_llm_draft")))
     if spec.method in (Method.draft_target, Method.ngram):
         art.add("triton_repo/specctl_bls/config.pbtxt", bls_config(recipe, draft_model="tensorrt_llm_draft" if two else None))

@@ -25,12 +25,17 @@ from control.errors import ConfigError
 
 GB = 1e9
 BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8}
+EMBEDDING_BYTES = 2.0  # embeddings and lm_head stay 16-bit at every precision
+LOGIT_BYTES = 4.0  # logits are fp32
+ACTIVATION_BYTES = 2.0
+MLP_INTERMEDIATES = 3  # gate, up and their product, each max_num_tokens x ffn
+MAX_FITS_BATCH = 4096  # the largest batch size a fit reports
 
 
 def _weights(shape: ModelShape, precision: str) -> float:
     emb = shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2)
     body = shape.params - emb
-    return body * BYTES[precision] + emb * 2.0
+    return body * BYTES[precision] + emb * EMBEDDING_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +96,7 @@ def memory_fit(recipe: Recipe, backend: str = "pytorch", max_batch: int | None =
     target = recipe.target_shape()
     draft = recipe.draft_shape()
     prec = recipe.precision
-    kv_bytes = 1.0 if prec in ("fp8", "nvfp4") else 2.0
+    kv_bytes = BYTES["fp8"] if prec in ("fp8", "nvfp4") else BYTES["bf16"]
     tokens = B * (recipe.max_seq_len + K)
     weights = _weights(target, prec) / tp
     kv = target.kv_bytes_per_token(kv_bytes) * tokens / tp
@@ -100,8 +105,8 @@ def memory_fit(recipe: Recipe, backend: str = "pytorch", max_batch: int | None =
         shard = 1 if backend == "tensorrt" and spec.method == Method.draft_target else tp
         draft_w = _weights(draft, prec) / shard
         draft_kv = draft.kv_bytes_per_token(kv_bytes) * tokens / shard
-    logits = B * (K + 1) * target.vocab * 4.0
-    mlp = recipe.max_num_tokens * target.ffn * 3 * 2.0 / tp
+    logits = B * (K + 1) * target.vocab * LOGIT_BYTES
+    mlp = recipe.max_num_tokens * target.ffn * MLP_INTERMEDIATES * ACTIVATION_BYTES / tp
     acts = logits + mlp
     fit = MemoryFit(
         sku=gpu.name, memory_gb=gpu.memory_gb, tp=tp, weights_gb=weights / GB, draft_weights_gb=draft_w / GB,
@@ -111,7 +116,7 @@ def memory_fit(recipe: Recipe, backend: str = "pytorch", max_batch: int | None =
     per_req = (fit.kv_gb + fit.draft_kv_gb + logits / GB) / B
     fixed = fit.total_gb - per_req * B
     fits_batch = max(int((gpu.memory_gb - fixed) // per_req), 0) if per_req > 0 else B
-    return MemoryFit(**{**{f: getattr(fit, f) for f in fit.__dataclass_fields__}, "fits_batch": min(fits_batch, 4096)})
+    return MemoryFit(**{**{f: getattr(fit, f) for f in fit.__dataclass_fields__}, "fits_batch": min(fits_batch, MAX_FITS_BATCH)})
 
 
 def require_fit(recipe: Recipe, backend: str = "pytorch") -> MemoryFit:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from control.policyspec import MAX_K_LIMIT
+from control.policyspec import DEFAULT_MAX_K, MAX_K_LIMIT
 
 
 def positive_int(text: str) -> int:
@@ -46,6 +46,11 @@ def k_value(text: str) -> int:
     if not 0 <= v <= MAX_K_LIMIT:
         raise argparse.ArgumentTypeError(f"draft length {v} must be in 0..{MAX_K_LIMIT}")
     return v
+
+
+def add_max_k(p: argparse.ArgumentParser) -> None:
+    """``--max-k``: the largest draft length, DEFAULT_MAX_K unless given."""
+    p.add_argument("--max-k", type=k_value, default=DEFAULT_MAX_K, help=f"largest draft length (default {DEFAULT_MAX_K})")
 
 
 def acceptance(text: str) -> float:

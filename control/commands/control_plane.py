@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--token", help="bearer token for writes (default: SPECCTL_TOKEN, else a generated one, printed)")
     p.add_argument("--policy", default="adaptive", help="policy plans name unless overridden (default adaptive)")
-    p.add_argument("--max-k", type=A.k_value, default=8, help="largest draft length (default 8)")
+    A.add_max_k(p)
     p.add_argument("--max-batch", type=A.positive_int,
                    help="the deployment's largest batch; overrides naming a larger one are refused "
                         "(default: the profile's limits.max_batch)")

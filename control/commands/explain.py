@@ -8,6 +8,7 @@ import json
 from control.commands import args as A
 from control.errors import ConfigError
 from control.goodput.explain import explain
+from control.policyspec import DEFAULT_MAX_K
 
 
 def register(sub) -> None:
@@ -28,9 +29,6 @@ def register(sub) -> None:
                                                    "deployment's max_k, else 8)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run)
-
-
-DEFAULT_MAX_K = 8
 
 
 def _setup(args: argparse.Namespace):

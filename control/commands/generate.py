@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--drafter", help="default drafter (default: the engine's first draft model)")
     p.add_argument("--profile", help="profile YAML for the plan (default: profiles/<sku>/ for this engine, else "
                                      "a quick in-process measurement)")
-    p.add_argument("--max-k", type=A.k_value, default=8, help="largest draft length (default 8)")
+    A.add_max_k(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")

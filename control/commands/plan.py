@@ -6,14 +6,15 @@ import argparse
 import json
 
 from control.commands import args as A
+from control.goodput.acceptance import DEFAULT_ACCEPTANCE
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="compile a plan (or a TensorRT-LLM draft_len_schedule) from a profile",
                        description="Compile the controller's plan from a profile and constraints.")
     p.add_argument("--profile", required=True, help="profile YAML (specctl.profile/v1)")
-    p.add_argument("--acceptance", type=A.acceptance, help="acceptance prior for the default drafter (default: the profile's, else 0.6)")
-    p.add_argument("--max-k", type=A.k_value, default=8, help="largest draft length (default 8)")
+    p.add_argument("--acceptance", type=A.acceptance, help=f"acceptance prior for the default drafter (default: the profile's, else {DEFAULT_ACCEPTANCE})")
+    A.add_max_k(p)
     p.add_argument("--slo-tpot-ms", type=A.positive_float, help="TPOT SLO in ms")
     p.add_argument("--slo-quantile", type=A.quantile, help="meet the SLO at this quantile of step time")
     p.add_argument("--policy", default="adaptive", help="policy the plan names (default adaptive)")

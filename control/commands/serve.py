@@ -27,7 +27,7 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
     p.add_argument("--profile", help="profile YAML (default: profiles/<sku>/<engine name>.yaml when it matches the "
                                      "engines, else a quick calibration of the engine directory)")
     p.add_argument("--policy", default="adaptive", help="none, fixed:K, adaptive, ... (default adaptive)")
-    p.add_argument("--max-k", type=A.k_value, default=8, help="largest draft length (default 8)")
+    A.add_max_k(p)
     p.add_argument("--max-batch", type=A.positive_int, default=32, help="KV slots per model instance (default 32)")
     p.add_argument("--max-tokens-limit", type=A.positive_int, default=1024,
                    help="the most tokens one request may ask for (default 1024)")

@@ -86,7 +86,7 @@ def register(sub) -> None:
     p.add_argument("--seeds", type=A.positive_int, default=1, help="seeds per point (default 1)")
     p.add_argument("--requests", type=A.positive_int, default=2000,
                    help="requests per run (traces: the first N after time scaling; default 2000)")
-    p.add_argument("--max-k", type=A.k_value, default=8, help="largest draft length (default 8)")
+    A.add_max_k(p)
     p.add_argument("--drafter", action="append", default=[], help="restrict to these profile drafters (repeatable)")
     p.add_argument("--chunked-prefill", action="store_true", help="mix prompt chunks into decode steps")
     p.add_argument("--noise", action="store_true", help="add the profile fit's error as step-time noise")

@@ -16,6 +16,9 @@ import numpy as np
 from control.errors import ConfigError
 from control.goodput.acceptance import DEFAULT_ACCEPTANCE, MAX_RATE
 
+# Rates are clipped into [RATE_EPS, 1 - RATE_EPS] before their odds a / (1 - a) are taken.
+RATE_EPS = 1e-6
+
 
 def chain_trials(verified: np.ndarray, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(successes, trials) per request from chain outcomes."""
@@ -136,7 +139,7 @@ class PositionRates:
             rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), MAX_RATE)
             t_all, s_all = self._counts.sum(axis=1).tolist()
             mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), MAX_RATE)
-            c = np.maximum(rates, 1e-6)  # clipped to (0, 1): the upper bound is already MAX_RATE
+            c = np.maximum(rates, RATE_EPS)  # clipped to (0, 1): the upper bound is already MAX_RATE
             self._cache = (rates, mean, c / (1.0 - c), s_all, t_all)
         return self._cache
 
@@ -334,15 +337,6 @@ class ConfidenceMap:
         return float(np.power(10.0, slope * (cut - xp[j]) + fp[j]))
 
 
-def logit(p):
-    p = np.clip(p, 1e-6, 1 - 1e-6)
-    return np.log(p) - np.log1p(-p)
-
-
-def sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, pooled_rate: float,
                               position_odds: np.ndarray | None = None) -> np.ndarray:
     """Survival p[r, j] combining a request's own rate with the global per-position shape.
@@ -355,10 +349,10 @@ def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarr
     if request_rate.shape[0] == 1:
         return _one_request_survival(float(request_rate[0]), position_rates, pooled_rate, position_odds)
     if position_odds is None:
-        pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
+        pos = np.clip(position_rates, RATE_EPS, 1 - RATE_EPS)
         position_odds = pos / (1.0 - pos)
-    pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
-    r = np.minimum(np.maximum(request_rate, 1e-6), 1 - 1e-6)  # np.clip, without its dispatch cost
+    pooled = min(max(pooled_rate, RATE_EPS), 1 - RATE_EPS)
+    r = np.minimum(np.maximum(request_rate, RATE_EPS), 1 - RATE_EPS)  # np.clip, without its dispatch cost
     odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
     return np.cumprod(odds / (1.0 + odds), axis=1)
 
@@ -368,10 +362,10 @@ def _one_request_survival(rate: float, position_rates: np.ndarray, pooled_rate: 
     """``request_position_survival`` for one request on plain floats (the same operations in the same
     order, so the same bits; at batch 1 numpy's per-call cost is most of the work). Shape (1, K)."""
     if position_odds is None:
-        pos = np.clip(position_rates, 1e-6, 1 - 1e-6)
+        pos = np.clip(position_rates, RATE_EPS, 1 - RATE_EPS)
         position_odds = pos / (1.0 - pos)
-    pooled = min(max(pooled_rate, 1e-6), 1 - 1e-6)
-    r = min(max(rate, 1e-6), 1 - 1e-6)
+    pooled = min(max(pooled_rate, RATE_EPS), 1 - RATE_EPS)
+    r = min(max(rate, RATE_EPS), 1 - RATE_EPS)
     q = (r / (1.0 - r)) * ((1.0 - pooled) / pooled)
     out = []
     run = 1.0

@@ -131,12 +131,6 @@ class StepCostModel:
     overhead_ms: float = 0.0
     verify: VerifyGranularity = PER_REQUEST  # what the executor's target verifies per request
 
-    def drafter_index(self, name: str) -> int:
-        for i, d in enumerate(self.drafters):
-            if d.name == name:
-                return i
-        raise ConfigError(f"unknown drafter '{name}'; this profile has: {', '.join(d.name for d in self.drafters)}")
-
     def verify_ms(self, ctx: np.ndarray, k: np.ndarray) -> float:
         if self.verify.per_request:
             return float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + k.shape[0]), 1, k.shape[0]))

@@ -55,6 +55,7 @@ from control.service.state import ControlState
 log = logging.getLogger("specctl.service")
 
 MAX_EXPLAIN_BATCH = 4096
+MAX_EXPLAIN_CTX = 10_000_000  # context tokens /v1/explain and the dashboard accept
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 TOKEN_HINT = ("send 'Authorization: Bearer <token>' with the service's token "
               "(the one given by --token or SPECCTL_TOKEN, or printed at start)")
@@ -555,7 +556,7 @@ def _add_status_routes(app: FastAPI, fleet: Fleet, hubs: Hubs) -> None:
     @app.get("/v1/explain", response_model=Explained, tags=["status"], responses={422: ERRORS[422]})
     async def explain_now(
         batch: int | None = Query(default=None, ge=1, le=MAX_EXPLAIN_BATCH, description="decode batch size (default: latest telemetry)"),
-        ctx: int | None = Query(default=None, ge=1, le=10_000_000, description="context tokens per request"),
+        ctx: int | None = Query(default=None, ge=1, le=MAX_EXPLAIN_CTX, description="context tokens per request"),
         acceptance: float | None = Query(default=None, ge=0.0, lt=1.0, allow_inf_nan=False,
                                          description="per-token acceptance (default: the plan's estimate)"),
         drafter: str | None = Query(default=None, max_length=64),
@@ -572,7 +573,7 @@ def _add_status_routes(app: FastAPI, fleet: Fleet, hubs: Hubs) -> None:
     @app.get("/", response_class=HTMLResponse, tags=["status"], responses={422: ERRORS[422]})
     async def dashboard(
         batch: int | None = Query(default=None, ge=1, le=MAX_EXPLAIN_BATCH),
-        ctx: int | None = Query(default=None, ge=1, le=10_000_000),
+        ctx: int | None = Query(default=None, ge=1, le=MAX_EXPLAIN_CTX),
         acceptance: float | None = Query(default=None, ge=0.0, lt=1.0, allow_inf_nan=False),
         group: str | None = group_q,
     ) -> HTMLResponse:

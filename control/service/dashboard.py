@@ -18,6 +18,8 @@ from control.service.state import ControlState
 W, H = 560, 220
 PAD_L, PAD_R, PAD_T, PAD_B = 56, 16, 28, 36
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+Y_HEADROOM = 0.05  # share of the y range left free above the highest point
+CURVE_BATCH, CURVE_CTX = 8, 1024  # the goodput curve's batch and context before any telemetry
 
 
 def _fmt(v: float) -> str:
@@ -67,7 +69,7 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[float], Sequence
     y0, y1 = ylim if ylim else (min(0.0, min(ys_all)), max(ys_all))
     if y1 <= y0:
         y1 = y0 + 1
-    y1 += (y1 - y0) * 0.05
+    y1 += (y1 - y0) * Y_HEADROOM
 
     def px(x: float) -> float:
         return PAD_L + (x - x0) / (x1 - x0) * (W - PAD_L - PAD_R)
@@ -138,8 +140,8 @@ def curve_inputs(state: ControlState) -> tuple[int, int, float]:
     """Batch size, context and acceptance of the current decision: the latest window's, else defaults."""
     plan = state.plan
     last = state.history[-1] if state.history else None
-    batch = max(int(round(last.mean_batch)), 1) if last is not None and last.steps else 8
-    ctx = max(int(round(last.mean_ctx)), 1) if last is not None and last.mean_ctx else 1024
+    batch = max(int(round(last.mean_batch)), 1) if last is not None and last.steps else CURVE_BATCH
+    ctx = max(int(round(last.mean_ctx)), 1) if last is not None and last.mean_ctx else CURVE_CTX
     # An agent's window is validated but can still describe a batch or context the deployment cannot
     # have (a corrupt or hostile report); the curve is drawn within the profile's limits.
     lim = plan.profile.limits

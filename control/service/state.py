@@ -12,7 +12,7 @@ compiled from them. The plan is recompiled:
   ``goodput_threshold`` of the goodput the new table gets, in the region of batch sizes, contexts
   and acceptance the agents reported in the last minute (or would break the SLO there); the
   predicted step time at the observed mix drifted by more than ``cost_threshold``; or the gate's
-  batch threshold moved by more than 10%.
+  batch threshold moved by more than ``GATE_SHIFT`` (10%).
 
 Every publication bumps the version and notifies the listeners (the plan stream). The state is
 plain Python driven by the app's event loop; it has no locks and no I/O except the optional state
@@ -40,7 +40,7 @@ from control.goodput.acceptance import chain_expected
 from control.goodput.optimizer import Constraints
 from control.goodput.stepcost import uniform_step_ms
 from control.plan import SLO, AcceptanceState, Plan, compile_plan, typical_ctx
-from control.policyspec import MAX_K_LIMIT, check_policy_bounds
+from control.policyspec import DEFAULT_MAX_K, MAX_K_LIMIT, check_policy_bounds
 from control.profile import Profile
 from control.service.estimates import AcceptanceTracker, CostRefit, ModelError
 from control.service.overrides import Overrides
@@ -48,6 +48,7 @@ from control.service.overrides import Overrides
 STATE_SCHEMA = "specctl.service-state/v1"
 MIX_WINDOW_S = 60.0
 MAX_SOURCES = 4096
+GATE_SHIFT = 0.10  # a relative move of the gate's off threshold that is material
 
 
 @dataclass(slots=True)
@@ -55,7 +56,7 @@ class ServiceConfig:
     """How the service compiles plans and when it recompiles them (see the module docstring)."""
 
     policy: str = "adaptive"
-    max_k: int = 8
+    max_k: int = DEFAULT_MAX_K
     max_batch: int | None = None  # the deployment's largest batch (None: the profile's limits.max_batch)
     slo: SLO = field(default_factory=SLO)
     drafters: list[str] | None = None
@@ -280,7 +281,7 @@ class ControlState:
         if drift[0] > c.cost_threshold:
             return "cost", drift[1]
         b0, b1 = cur.gate.b_off, cand.gate.b_off
-        if (b0 is None) != (b1 is None) or (b0 is not None and abs(b1 - b0) > 0.1 * b0):
+        if (b0 is None) != (b1 is None) or (b0 is not None and abs(b1 - b0) > GATE_SHIFT * b0):
             return "gate", f"gate threshold {b0 or 'never'} -> {b1 or 'never'}"
         return None, ""
 

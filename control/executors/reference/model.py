@@ -31,7 +31,7 @@ and any of these can flip a greedy argmax. So the forward
 (2) computes attention per request with explicit matmuls, the query at position p over keys
     0 .. round_up(p + 1, ``KEY_BLOCK``) - 1 (masked beyond p), a range that depends on p alone.
 The padding costs compute at tiny batches (16 rows for 1) and the bounded shape a call per 32 rows.
-``tests/executor/test_invariance.py`` checks the property on 1 and 2 threads; other thread counts
+``tests/executors/reference/test_invariance.py`` checks the property on 1 and 2 threads; other thread counts
 are not verified. Drafts, whose outputs only propose tokens, may turn it off for speed (fused SDPA, no padding). On CUDA the same padding is applied but
 cuBLAS makes no such promise: there greedy output can differ at a near-tie (bf16 makes ties likelier).
 """

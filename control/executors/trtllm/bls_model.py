@@ -20,7 +20,7 @@ with ``pip install``).
 
 This file needs ``triton_python_backend_utils`` and so runs only inside Triton; its logic lives in
 the orchestrator, which is tested on its own, and the model is tested through a real Triton server
-against stand-in engines (tests/trtllm_triton).
+against stand-in engines (tests/executors/trtllm/bls).
 """
 
 from __future__ import annotations
