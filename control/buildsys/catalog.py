@@ -34,15 +34,6 @@ class GpuSku:
     def supports_nvfp4(self) -> bool:
         return self.fp4_tflops is not None
 
-    @property
-    def bw_tbs(self) -> float:
-        """Bandwidth the roofline uses: measured where we have it."""
-        return self.measured_bw_tbs or self.mem_bw_tbs
-
-    @property
-    def flops_tflops(self) -> float:
-        return self.measured_bf16_tflops or self.bf16_tflops
-
 
 SKUS: dict[str, GpuSku] = {
     s.name: s

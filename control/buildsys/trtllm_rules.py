@@ -111,14 +111,6 @@ def check_line(line: str) -> str:
     return line
 
 
-def default_line(backend: str) -> str:
-    """The pinned release's line on both backends (``control.executors.trtllm.version.PINNED``: 1.2.1,
-    the last release, and the last with trtllm-build); 1.3 pre-releases are not pinned."""
-    from control.executors.trtllm.version import PINNED, line_of
-
-    return line_of(PINNED)
-
-
 def one_model(method: Method, line: str) -> bool:
     """Whether the method runs as one model: EAGLE3 on 1.3 (``eagle3_one_model`` defaults to True),
     MTP always; on 1.2 we run EAGLE3 two-model so that its schedule is honoured."""

@@ -17,6 +17,7 @@ from control.frontend.chat import ChatTemplate
 from control.frontend.limits import BodyLimits, LimitsMiddleware
 from control.frontend.protocol import OpenAIError, now
 from control.frontend.text import TokenCounter
+from control.policyspec import DEFAULT_MAX_K
 
 PROXY_TIMEOUT_S = 600.0  # generations can be long; connection attempts are bounded separately
 CONNECT_TIMEOUT_S = 5.0
@@ -28,7 +29,7 @@ class FrontendConfig:
     triton_http: str  # http://host:port
     tokenizer_dir: Path | None = None  # tokenizer.json (+ tokenizer_config.json, config.json)
     model: str = "llm"
-    max_k: int = 8
+    max_k: int = DEFAULT_MAX_K
     spec_metrics: bool = False
     chat_max_tokens: int = 256
     limits: BodyLimits = field(default_factory=BodyLimits)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from control.errors import ConfigError, SpecctlError
+from control.policyspec import DEFAULT_MAX_K
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
@@ -43,7 +44,7 @@ class DeploymentConfig:
     run_dir: Path
     profile: Path | None = None
     policy: str = "adaptive"
-    max_k: int = 8
+    max_k: int = DEFAULT_MAX_K
     max_batch: int = 32
     max_tokens: int = 1024
     instances: int = 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from string import Template
 
 from control.errors import ConfigError
+from control.policyspec import DEFAULT_MAX_K
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "triton_repo"
 ALIASES = ("ensemble", "tensorrt_llm_bls")  # tensorrtllm_backend's model names
@@ -37,7 +38,7 @@ def _alias_config(llm_template: str, name: str, decoupled: bool) -> str:
 
 
 def render_llm_repo(out: Path, *, engine_dir: Path, profile: Path | None, policy: str = "adaptive",
-                    control_url: str = "", control_token_file: Path | None = None, max_k: int = 8, max_batch: int = 32,
+                    control_url: str = "", control_token_file: Path | None = None, max_k: int = DEFAULT_MAX_K, max_batch: int = 32,
                     max_tokens: int = 1024, instances: int = 1, threads: int = 1, drafter: str = "",
                     decoupled: bool = True, templates: Path = TEMPLATES) -> Path:
     """Write ``out/llm/{config.pbtxt,1/model.py}`` and the aliases; returns ``out`` (the model repository).

@@ -16,6 +16,7 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.executors.base import StepTotals
+from control.policyspec import DEFAULT_MAX_K
 from control.triton.llm_metrics import LlmMetrics
 from control.triton.llm_request import (
     ACCEPTED_OUTPUTS,
@@ -63,7 +64,7 @@ class ModelParams:
     cancel_check_ms: int = 50
     profile: str = ""
     policy: str = "adaptive"
-    max_k: int = 8
+    max_k: int = DEFAULT_MAX_K
     max_batch: int = 32
     max_tokens: int = 1024
     default_max_tokens: int = 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from control.errors import ConfigError
-from control.policyspec import MAX_K_LIMIT
+from control.policyspec import DEFAULT_MAX_K, MAX_K_LIMIT
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class EngineConfig:
 
     max_batch: int = 32
     max_len: int | None = None
-    max_k: int = 8
+    max_k: int = DEFAULT_MAX_K
     token_budget: int | None = None
     default_drafter: str | None = None
     eos_token_id: int | None = None

@@ -58,9 +58,6 @@ class KVPool:
         self.draft_len[slot] = 0
         heapq.heappush(self._free, slot)
 
-    def truncate_target(self, slot: int, length: int) -> None:
-        self.target_len[slot] = min(int(self.target_len[slot]), length)
-
     def free_tokens(self) -> int:
         """Unused target KV positions over all slots."""
         return int(self.slots * self.max_len - self.target_len[self.in_use].sum())

@@ -55,6 +55,7 @@ from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 from control.goodput.stepcost import StepCostModel
 from control.policy.simple import NonePolicy
 from control.policy.types import Decision, StepView
+from control.policyspec import DEFAULT_MAX_K
 
 __all__ = ["BATCH_BUCKETS", "MAX_K", "SimConfig", "SimEngine", "SimResult"]
 
@@ -67,7 +68,7 @@ class SimConfig:
     max_batch: int = 256
     kv_tokens: int = 1 << 40
     token_budget: int = 8192
-    max_k: int = 8
+    max_k: int = DEFAULT_MAX_K
     chunked_prefill: bool = False
     noise: bool = False
     seed: int = 0

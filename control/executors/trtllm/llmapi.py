@@ -298,10 +298,6 @@ class LlmApiExecutor:
         if s.metrics is not None and self.on_metrics is not None:
             self.on_metrics(request_id, s.metrics)
 
-    def iteration_stats(self, timeout: float = 2.0) -> list[dict]:
-        """Iteration stats since the last call (``enable_iter_perf_stats`` must be on)."""
-        return list(self.llm.get_stats(timeout=timeout))
-
     def shutdown(self) -> None:
         self.llm.shutdown()
 

@@ -44,6 +44,7 @@ from control.executors.trtllm.granularity import BLS_GRANULARITY
 from control.executors.trtllm.tensors import generate_request, output_tokens, verified_tokens, verify_request
 from control.plan import Plan, parse_plan
 from control.policy.types import I64, Decision, Policy, StepView
+from control.policyspec import DEFAULT_MAX_K
 
 # The BLS's drafting methods and the profile drafter kind each one is costed as.
 DRAFTER_KINDS = {"draft_target": "draft_model", "ngram": "ngram"}
@@ -156,7 +157,7 @@ class SpecOrchestrator:
     client: EngineClient
     drafter: str = "draft_target"  # draft_target | ngram
     drafter_name: str | None = None  # the plan's name for it (plan_for_bls(...).default_drafter); default: drafter
-    max_k: int = 8
+    max_k: int = DEFAULT_MAX_K
     max_batch: int = 64
     ngram_size: int = 3
     target_model: str = "tensorrt_llm"
