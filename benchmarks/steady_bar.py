@@ -36,7 +36,7 @@ PAIRS = {  # name: (committed profile, (sku, target, drafts) for a roofline of a
     "h100-8b": (ROOT / "profiles/h100/llama-3.1-8b+llama-3.2-1b.yaml", ("h100", "llama-3.1-8b", ["llama-3.2-1b"])),
     "a100-7b": (ROOT / "profiles/a100/llama-2-7b+llama-160m.yaml", ("a100", "llama-2-7b", ["llama-160m"])),
 }
-WHOLE_TRACES = ("azure-conv",)  # replayed whole (the hour: 19,366 requests)
+TRACES = ("azure-conv",)  # replayed from their start; --whole: the whole trace (the hour: 19,366 requests)
 LOADS = (0.3, 0.5, 0.7, 0.9, 1.0, 1.1)
 TOLERANCE = 1.02
 
@@ -91,7 +91,8 @@ def main() -> None:
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS))
     ap.add_argument("--ks", default="1,2,3,4,5", help="fixed k to compare with (k = 0 is policy none)")
     ap.add_argument("--extra", default="", help="more policies to run and report against the best fixed k")
-    ap.add_argument("--requests", type=int, default=4000, help="requests per run for prompt sets (traces: whole)")
+    ap.add_argument("--requests", type=int, default=4000, help="requests per run (traces: the first ones)")
+    ap.add_argument("--whole", action="store_true", help="replay traces whole instead of their first --requests")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default="", help="write the rows and tables here")
@@ -106,16 +107,16 @@ def main() -> None:
         for wl in args.workloads.split(","):
             tag = f"{pair}-{wl}-{args.framework}"
             t0 = time.perf_counter()
-            setup = SimSetup(prof, load_workload(wl, requests=None if wl in WHOLE_TRACES else args.requests))
+            n = None if args.whole and wl in TRACES else args.requests
+            setup = SimSetup(prof, load_workload(wl, requests=n))
             cap = measure_capacity(setup)
-            res = sweep(setup, loads, policies, list(range(args.seeds)), requests=None if wl in WHOLE_TRACES
-                        else args.requests, capacity=cap, workers=args.workers)
+            res = sweep(setup, loads, policies, list(range(args.seeds)), requests=n, capacity=cap, workers=args.workers)
             table = bar_rows(res.rows, loads, ks, extra)
             print(markdown(tag, cap, table, extra), f"({setup.workload.describe()}; {time.perf_counter() - t0:.0f} s)",
                   flush=True)
             dump[tag] = {"capacity_req_s": cap, "table": table, "rows": res.rows}
-    if args.json:
-        Path(args.json).write_text(json.dumps(dump, indent=1, default=float))
+            if args.json:  # after each configuration: a long run stopped early keeps what it has
+                Path(args.json).write_text(json.dumps(dump, indent=1, default=float))
 
 
 if __name__ == "__main__":

@@ -163,16 +163,14 @@ def test_host_time_counts_every_generated_token_with_chunked_prefill():
 def test_the_policy_prices_batch_expansion_as_the_simulator_charges_it(monkeypatch):
     """The cost model a policy plans with (the profile's step cost) predicts every verify pass the
     simulator charges under batch expansion, to rounding: the KV read per verified draft token and
-    the expanded sequences' host time. (vLLM's host time per generated token is left out here: the
-    policies' cost model has no term for it; it scales with the tokens a step yields, so it does not
-    move the best k.)"""
-    from dataclasses import replace
-
+    the expanded sequences' host time. vLLM's host time per generated token (output processing) comes
+    after the pass: in the step's total, not in its verify time, which an online refit of the
+    target's cost reads. (The policies' cost model has no term for it: it scales with the tokens a
+    step yields, so it does not move the best k.)"""
     from control.bench import simrun
     from control.policy import build_policy
 
-    fw = replace(get_framework("vllm"), host_token_us=0.0)
-    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=fw)
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm")
     cost = prof.step_cost()
     assert cost.target.expanded and cost.target.d > 0
     assert not roofline_profile("a100", "llama-2-7b", ["llama-160m"]).step_cost().target.expanded
@@ -195,8 +193,13 @@ def test_the_policy_prices_batch_expansion_as_the_simulator_charges_it(monkeypat
     run_policy(setup, setup.workload, "fixed:3", 0)
     steps = [o for o in seen if o.n and o.verified.any()]
     assert len(steps) > 20
+    host = setup.host_token_ms
+    assert host > 0
     for o in steps:
         assert o.verify_ms == pytest.approx(cost.verify_ms(o.ctx_lens.astype(np.float64), o.verified), rel=1e-9)
+        if not o.finished.size:  # every request generated accepted + 1 tokens
+            host_ms = o.total_ms - o.draft_ms - o.verify_ms
+            assert host_ms == pytest.approx(host * float((o.accepted + 1).sum()), rel=1e-9)
     # the optimiser's marginal slot costs add up to the same pass: plain + slots = verify_ms
     ctx, k = np.array([100.0, 700.0]), np.array([3, 1])
     vb, va = cost.verify_slots(ctx)
