@@ -23,6 +23,7 @@ tokens), ``grid`` (the sweep that produced the fit).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -170,10 +171,19 @@ class Profile(BaseModel):
         return DrafterCost(entry.name, entry.kind, model, entry.cost_ms, entry.sink, entry.window)
 
     def step_cost(self, drafters: list[str] | None = None) -> StepCostModel:
-        """The step cost model over the given drafters (default: all, in profile order)."""
+        """The step cost model over the given drafters (default: all, in profile order). A roofline
+        profile of a framework that verifies by batch expansion prices verification that way."""
         entries = self.drafters if drafters is None else [self.drafter(n) for n in drafters]
-        return StepCostModel(self.models["target"].to_cost(), tuple(self.drafter_cost(e) for e in entries),
-                             self.overhead_ms)
+        target = self.models["target"].to_cost()
+        if self.verifies_by_expansion:
+            target = replace(target, expanded=True)
+        return StepCostModel(target, tuple(self.drafter_cost(e) for e in entries), self.overhead_ms)
+
+    @property
+    def verifies_by_expansion(self) -> bool:
+        """Whether the framework a roofline profile was built for verifies by batch expansion."""
+        fw = self.environment.get("framework")
+        return bool(fw.get("verify_expansion", False)) if isinstance(fw, dict) else False
 
     def drafter(self, name: str) -> DrafterEntry:
         for d in self.drafters:

@@ -105,8 +105,7 @@ class SimSetup:
         a roofline profile was built for records it."""
         if self.verify_expansion is not None:
             return self.verify_expansion
-        fw = self.profile.environment.get("framework")
-        return bool(fw.get("verify_expansion", False)) if isinstance(fw, dict) else False
+        return self.profile.verifies_by_expansion
 
 
 def make_policy(spec: str, plan: Plan, engine: SimEngine, seed: int, price: float | None = None):

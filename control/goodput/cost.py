@@ -2,7 +2,10 @@
 plus an optional d * N_req.
 
 N_ctx is the number of KV tokens read in the pass (sum of the context lengths), N_batched the
-number of tokens computed in the pass, N_req the number of requests in it. Times are in
+number of tokens computed in the pass, N_req the number of requests in it. A target that verifies by
+batch expansion (``expanded``: vLLM's scorer of 2024) turns each verified draft token into a sequence
+of its own over its request's KV, so verifying k tokens of a request with context s adds
+sum_{j=1..k} (a (s + j) + d); ``control.goodput.stepcost`` charges it as the simulator does. Times are in
 milliseconds. The per-request term is for executors whose pass time grows with the requests rather
 than their tokens: the reference executor on a GPU runs attention and the cache writes once per
 request per layer from Python, and there a pass of the 8B target costs 5-6 ms per request
@@ -37,6 +40,7 @@ class LinearCost:
     mape: float = 0.0
     resid_std_ms: float = 0.0
     d: float = 0.0  # ms per request in the pass
+    expanded: bool = False  # verification by batch expansion: each verified draft token is a sequence
 
     def __post_init__(self) -> None:
         for name in ("a", "b", "c", "resid_std_ms", "d"):
@@ -56,7 +60,7 @@ class LinearCost:
 
     def scaled(self, factor: float) -> LinearCost:
         return LinearCost(self.a * factor, self.b * factor, self.c * factor, self.r2, self.mape, self.resid_std_ms * factor,
-                          self.d * factor)
+                          self.d * factor, self.expanded)
 
     def per_token_draft(self) -> LinearCost:
         """This model for one-token passes (a draft model's): d folded into b."""
@@ -223,5 +227,5 @@ class RecursiveCost:
             a=float(a), b=float(b), c=float(c),
             r2=self._prior.r2, mape=float(self._abs_pct) if self.n else self._prior.mape,
             resid_std_ms=float(math.sqrt(self._sq_err)) if self.n else self._prior.resid_std_ms,
-            d=self._prior.d,
+            d=self._prior.d, expanded=self._prior.expanded,
         )

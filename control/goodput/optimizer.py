@@ -150,7 +150,8 @@ def best_uniform_k(cost: StepCostModel, ctx, surv, cap, cons: Constraints, draft
 
 def _slot_costs(cost: StepCostModel, ctx, rows, cols, drafter, lag, draft_sunk):
     """Marginal cost (ms) of each listed slot excluding per-depth and per-step constants."""
-    mc = np.full(rows.shape[0], cost.target.b)
+    vb, va = cost.verify_slots(ctx)
+    mc = vb[rows] + va * cols
     if draft_sunk:
         return mc
     for d_idx, d in enumerate(cost.drafters):
@@ -264,7 +265,7 @@ def admit_parametric(cost: StepCostModel, ctx, surv, cap, cons: Constraints, dra
     one = _one_drafter(cost, drafter)
     if one is not None:
         k0 = None if k0 is None else np.minimum(k0, cap) if capped else k0
-        k, tokens, t, nxt = _dinkelbach_one_drafter(cost.target.b, one, ctx, surv, psum, weights,
+        k, tokens, t, nxt = _dinkelbach_one_drafter(cost.verify_slots(ctx), one, ctx, surv, psum, weights,
                                                     cap if capped else None, lag, plain, g, max_iter, k0)
     else:
         jj = np.arange(K)
@@ -295,7 +296,7 @@ def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.n
     """Marginal ms of each draft slot (n, K) without the per-depth and per-step constants, and the
     drafter groups: (DrafterCost, rows) pairs."""
     n, K = ctx.shape[0], jj.shape[0]
-    t_plain = cost.target
+    vb, va = cost.verify_slots(ctx)  # slot j's verify cost: vb + va * j
     mc = np.empty((n, K))
     if drafter is None or len(cost.drafters) == 1 or (drafter == drafter[0]).all():
         groups = [(cost.drafters[0 if drafter is None else int(drafter[0])], slice(None))] if cost.drafters else []
@@ -303,15 +304,15 @@ def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.n
         groups = [(d, drafter == i) for i, d in enumerate(cost.drafters)]
         groups = [(d, sel) for d, sel in groups if sel.any()]
     if not groups:
-        mc.fill(t_plain.b)
+        mc[:] = vb[:, None] + va * jj
     for d, sel in groups:
         if d.has_passes:
             m = d.model
-            mc[sel] = (t_plain.b + m.b + m.a * d.draft_ctx(ctx[sel]))[:, None] + m.a * jj
+            mc[sel] = (vb[sel] + m.b + m.a * d.draft_ctx(ctx[sel]))[:, None] + (m.a + va) * jj
             if lag is not None:
                 mc[sel, 0] += m.b * np.asarray(lag, dtype=np.float64)[sel]
         else:
-            mc[sel] = t_plain.b
+            mc[sel] = vb[sel][:, None] + va * jj
     return mc, groups
 
 
@@ -332,16 +333,18 @@ def _per_depth(K: int, depth_ms: float, const_ms: float) -> np.ndarray:
     return out
 
 
-def _prefix_tables(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
-                                  weights: np.ndarray | None, cap: np.ndarray | None,
-                   lag) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _prefix_tables(verify: tuple[np.ndarray, float], d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
+                   weights: np.ndarray | None, cap: np.ndarray | None,
+                   lag) -> tuple[np.ndarray, np.ndarray, float, np.ndarray | None]:
     """(n, K+1, 2): survival and marginal cost of each request's first j slots, j = 0..K (one gather
     reads both for a choice), the cost infinite past a request's cap (so g > 0 never takes it); (n,)
-    each request's marginal cost of its first slot without catch-up (slot j adds a * j); and (n,) the
-    catch-up's cost (None: no catch-up).
+    each request's marginal cost of its first slot without catch-up; the slope (slot j adds slope * j);
+    and (n,) the catch-up's cost (None: no catch-up).
 
-    The cost of slot j is base + a * j (base: one verify token, one draft token at the request's
-    context), so its prefix sums are closed-form: j * base + a * j (j - 1) / 2, plus the catch-up."""
+    The cost of slot j is base + slope * j (base: one verify token, ``verify`` = (base (n,), slope)
+    of ``StepCostModel.verify_slots``, and one draft token at the request's context; slope: the
+    draft's a plus the verify slope), so its prefix sums are closed-form: j * base + slope * j (j - 1) / 2,
+    plus the catch-up."""
     n, K = surv.shape
     pm = np.empty((n, K + 1, 2))
     if psum is None:
@@ -354,23 +357,26 @@ def _prefix_tables(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: 
     jj, tri = _prefix_grid(K)
     mz = pm[:, :, 1]
     catch = None
+    vb, slope = verify
     if d.has_passes:
         m = d.model
-        base = m.a * d.draft_ctx(ctx) + (b_verify + m.b)  # (n,)
-        np.multiply(base[:, None], jj, out=mz)
-        mz += m.a * tri
+        base = m.a * d.draft_ctx(ctx) + (vb + m.b)  # (n,)
+        slope = slope + m.a
         if lag is not None:
             catch = m.b * np.asarray(lag, dtype=np.float64)
-            mz[:, 1:] += catch[:, None]
     else:
-        base = np.full(n, b_verify)
-        np.multiply(base[:, None], jj, out=mz)
+        base = vb
+    np.multiply(base[:, None], jj, out=mz)
+    if slope:
+        mz += slope * tri
+    if catch is not None:
+        mz[:, 1:] += catch[:, None]
     if cap is not None:
         np.putmask(mz, jj > cap[:, None], np.inf)
-    return pm, base, catch
+    return pm, base, slope, catch
 
 
-def _dinkelbach_one_drafter(b_verify: float, d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
+def _dinkelbach_one_drafter(verify: tuple[np.ndarray, float], d, ctx: np.ndarray, surv: np.ndarray, psum: np.ndarray | None,
                             weights: np.ndarray | None, cap: np.ndarray | None, lag, plain: float, g: float, max_iter: int,
                             k0: np.ndarray | None = None) -> tuple[np.ndarray, float, float, np.ndarray]:
     """Dinkelbach's iterations for a batch on one drafter: (k, tokens, ms, next token's marginal ms)
@@ -383,7 +389,7 @@ def _dinkelbach_one_drafter(b_verify: float, d, ctx: np.ndarray, surv: np.ndarra
     plain decoding's instead of ``g``."""
     n, K = surv.shape
     rows = np.arange(n)
-    pm, base, catch = _prefix_tables(b_verify, d, ctx, surv, psum, weights, cap, lag)
+    pm, base, slope, catch = _prefix_tables(verify, d, ctx, surv, psum, weights, cap, lag)
     pz, mz = pm[:, 1:, 0], pm[:, 1:, 1]
     depth, const = d.depth_ms, d.const_ms
     per_depth = _per_depth(K, depth, const)  # (K,) drafting constants
@@ -426,7 +432,7 @@ def _dinkelbach_one_drafter(b_verify: float, d, ctx: np.ndarray, surv: np.ndarra
             break  # F(g) = 0: g is the optimal ratio
         g = g_new  # see _dinkelbach_groups
     k = best[0]
-    nxt = base + d.model.a * np.minimum(k, K - 1) if d.has_passes else base
+    nxt = base + slope * np.minimum(k, K - 1) if slope else base
     if catch is not None:  # a request that drafts nothing yet would pay its catch-up with its next token
         nxt += catch * (k == 0)
     return k, best[1], best[2], nxt
@@ -486,14 +492,15 @@ def _admit_one(cost, ctx: np.ndarray, surv: np.ndarray, cap: int, cons: Constrai
     plain = float(t_plain.predict(ctx0, 1.0, 1, 1)) + cost.overhead_ms
     if cap <= 0:
         return Choice(np.zeros(1, dtype=np.int64), 1.0, plain, plain)
+    vb, va = (t_plain.b, 0.0) if not t_plain.expanded else (t_plain.b + t_plain.d + t_plain.a * (ctx0 + 1.0), t_plain.a)
     if d.has_passes:
         m = d.model
-        base = t_plain.b + m.b + m.a * float(d.draft_ctx(ctx[:1])[0])
-        mc = [base + m.a * j for j in range(K)]
+        base = vb + m.b + m.a * float(d.draft_ctx(ctx[:1])[0])
+        mc = [base + (m.a + va) * j for j in range(K)]
         if lag is not None:
             mc[0] += m.b * float(lag[0])
     else:
-        mc = [t_plain.b] * K
+        mc = [vb + va * j for j in range(K)]
     p = surv[0].tolist()
     depth, const = d.depth_ms, d.const_ms
     sp = sm = 0.0
@@ -524,7 +531,8 @@ def confidence_cuts(cost: StepCostModel, ctx, choice: Choice, drafter=None) -> n
     ctx = np.asarray(ctx, dtype=np.float64)
     n = ctx.shape[0]
     g = choice.goodput
-    dt = np.full(n, cost.target.b)
+    vb, va = cost.verify_slots(ctx)
+    dt = vb + va * choice.k
     if cost.drafters:
         drafter = np.zeros(n, dtype=np.int64) if drafter is None else np.asarray(drafter)
         for d_idx, d in enumerate(cost.drafters):

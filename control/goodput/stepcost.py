@@ -7,7 +7,10 @@ T_step = T_draft + T_verify + overhead, where (DESIGN.md section 4):
 - sink+window self-speculation (MagicDec): the draft's context per request is min(ctx, sink + window);
 - verify: T_fwd_target(sum ctx, sum (k_i + 1), n requests) where the executor verifies per request;
   where it pads or verifies per batch, the tokens its target really computes (``verify``,
-  ``control.goodput.granularity``): n (K + 1) under padding to the static max K.
+  ``control.goodput.granularity``): n (K + 1) under padding to the static max K. A target that
+  verifies by batch expansion (``LinearCost.expanded``) also reads request r's KV once per verified
+  draft token j = 1..k_r (context ctx_r + j) and pays its per-request term d for each: the verify
+  slot j of a request costs b + d + a (ctx + j) instead of b (``verify_slots``).
 A request whose draft state lags the target by L tokens re-prefills them in its first draft pass
 (catch-up), which adds L batched tokens to that pass.
 
@@ -132,10 +135,22 @@ class StepCostModel:
     verify: VerifyGranularity = PER_REQUEST  # what the executor's target verifies per request
 
     def verify_ms(self, ctx: np.ndarray, k: np.ndarray) -> float:
-        if self.verify.per_request:
-            return float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + k.shape[0]), 1, k.shape[0]))
-        tokens = float(self.verify.verified_tokens(k).sum())
-        return float(self.target.predict(float(np.sum(ctx)), tokens, 1, k.shape[0]))
+        n = k.shape[0]
+        if not self.verify.per_request:
+            tokens = float(self.verify.verified_tokens(k).sum())
+            return float(self.target.predict(float(np.sum(ctx)), tokens, 1, n))
+        t = float(self.target.predict(float(np.sum(ctx)), float(np.sum(k) + n), 1, n))
+        if self.target.expanded:
+            t += float(expansion_ms(self.target, np.asarray(ctx, dtype=np.float64), np.asarray(k, dtype=np.float64)).sum())
+        return t
+
+    def verify_slots(self, ctx: np.ndarray) -> tuple[np.ndarray, float]:
+        """Marginal verify cost of each request's draft slot j = 0, 1, ...: base (n,) + slope * j ms.
+        One token's b, plus under batch expansion that token's own sequence over ctx + j + 1 KV tokens."""
+        t = self.target
+        if not t.expanded:
+            return np.full(ctx.shape[0], t.b), 0.0
+        return t.b + t.d + t.a * (np.asarray(ctx, dtype=np.float64) + 1.0), t.a
 
     def step_ms(self, ctx, k, drafter=None, lag=None) -> float:
         """Predicted step time in ms. ``drafter``: per-request drafter index (default all 0)."""
@@ -170,6 +185,12 @@ class StepCostModel:
         return float(np.sqrt(s))
 
 
+def expansion_ms(target: LinearCost, ctx, k):
+    """What batch expansion adds, per request, to verifying ``k`` draft tokens at context ``ctx``:
+    sum over j = 1..k of a (ctx + j) + d (elementwise; broadcasts)."""
+    return target.a * (k * ctx + 0.5 * k * (k + 1.0)) + target.d * k
+
+
 def uniform_step_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):
     """Closed-form step time for ``batch`` identical requests of context ``ctx`` drafting ``k`` each.
 
@@ -180,6 +201,8 @@ def uniform_step_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):
     k = np.asarray(k, dtype=np.float64)
     per_req = k + 1.0 if cost.verify.per_request else cost.verify.uniform_tokens(k)
     t = cost.target.predict(B * S, B * per_req, 1, B) + cost.overhead_ms
+    if cost.target.expanded and cost.verify.per_request:
+        t = t + B * expansion_ms(cost.target, S, k)
     if not cost.drafters:
         return t
     d = cost.drafters[drafter]

@@ -38,7 +38,8 @@ def _slot_cumcost(cost: StepCostModel, d: int, ctx: np.ndarray, lag: np.ndarray,
     """(n, K + 1) cumulative marginal cost of drafting and verifying j = 0..K tokens on drafter d,
     excluding the per-depth pass cost and the drafter's per-step constant."""
     dc = cost.drafters[d]
-    per = dc.slot_costs(ctx, lag.astype(np.float64), K) + cost.target.b  # (n, K)
+    vb, va = cost.verify_slots(ctx)  # verify slot j costs vb + va * j (batch expansion: va > 0)
+    per = dc.slot_costs(ctx, lag.astype(np.float64), K) + (vb[:, None] + va * np.arange(K))  # (n, K)
     return np.concatenate([np.zeros((ctx.shape[0], 1)), np.cumsum(per, axis=1)], axis=1)
 
 

@@ -124,3 +124,22 @@ def test_validation_scripts_print_the_paper_tables(tmp_path):
     r = _script("validate_smartspec_fig1.py", "--requests", "60", "--seeds", "1", "--rates", "4,16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert '"fixed:5"' in r.stdout.splitlines()[-1]
+
+
+def test_steady_bar_reads_the_best_fixed_k_and_the_crossover(tmp_path):
+    assert _script("steady_bar.py", "--help", cwd=tmp_path).returncode == 0
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("steady_bar", ROOT / "benchmarks" / "steady_bar.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lat = {0.5: {"none": 2.0, "fixed:1": 1.5, "fixed:2": 1.6, "adaptive": 1.52},
+           0.9: {"none": 5.0, "fixed:1": 5.2, "fixed:2": 5.9, "adaptive": 5.2}}
+    rows = [{"policy": p, "load": load, "seed": s, "mean_latency_s": v + 0.01 * s}
+            for load, d in lat.items() for p, v in d.items() for s in (0, 1)]
+    low, high = mod.bar_rows(rows, [0.5, 0.9], [1, 2], [])
+    assert (low["best_k"], low["past_crossover"], low["ok"]) == (1, False, True)
+    assert low["vs_best"] == pytest.approx(1.525 / 1.505)
+    # past the crossover (none is the best fixed k): adaptive 4% over none misses
+    assert (high["best_k"], high["past_crossover"], high["ok"]) == (0, True, False)
+    assert "**miss**" in mod.markdown("t", 10.0, [low, high], [])

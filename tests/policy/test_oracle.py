@@ -111,6 +111,21 @@ def test_oracle_goodput_bounds_every_causal_policy_on_the_same_arrivals(pair, pr
         assert oracle.busy_s <= r.busy_s * (1 + 1e-9), (p, oracle.busy_s, r.busy_s)
 
 
+def test_oracle_bounds_every_causal_policy_under_batch_expansion():
+    """On vLLM's verification by batch expansion (each verified draft token re-reads its request's
+    KV; the oracle's slot costs carry it), past the crossover where speculation stops paying."""
+    from control.buildsys.roofline import roofline_profile
+
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm")
+    assert prof.step_cost().target.expanded
+    setup = SimSetup(prof, poisson(400, 1.0, "lognormal:300:250", "lognormal:200:150", seed=5))
+    w = workload_at(setup, 0.9 * measure_capacity(setup, requests=300), 400, 0)
+    oracle = run_policy(setup, w, "oracle", 0)
+    for p in ("smartspec", "turbospec", "adaptive"):
+        r = run_policy(setup, w, p, 0)
+        assert oracle.busy_s <= r.busy_s * (1 + 1e-9), (p, oracle.busy_s, r.busy_s)
+
+
 def test_priced_oracle_is_exact_on_small_steps():
     """With a price p (tokens per ms) the oracle maximises tokens - p * step time exactly."""
     rng = np.random.default_rng(4)

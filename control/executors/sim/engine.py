@@ -374,12 +374,13 @@ class SimEngine:
         ch_tok = int(chunk_len.sum())
         t_verify = self._verify_ms(r, ctx, sp, chunk_prior, ch_tok, chunks.size)
         t_pref_draft = self._chunk_prefill_ms(r, chunks, chunk_len, chunk_prior, ch_tok)
-        t_total = sp.t_draft + t_verify + t_pref_draft
+        t_host = self.cfg.host_token_ms * float(sp.gen_step.sum()) if n else 0.0  # output processing, after the pass
+        t_total = sp.t_draft + t_verify + t_host + t_pref_draft
         r.clock.now += t_total / 1000.0
         r.res.busy_s += t_total / 1000.0
         r.res.steps += 1
         r.clock.step += 1
-        finished = self._commit_decode(r, dec, rid, sp, sp.t_draft + t_verify) if n else r.zeros[:0]
+        finished = self._commit_decode(r, dec, rid, sp, sp.t_draft + t_verify + t_host) if n else r.zeros[:0]
         if ch_tok:
             self._commit_chunks(r, chunks, chunk_len)
         if n:
@@ -497,8 +498,6 @@ class SimEngine:
             v_seqs += sp.vsum
         v_tok = n + sp.vsum if cfg.verify.per_request else int(cfg.verify.verified_tokens(sp.k).sum())
         t_verify = self.cost.target.predict(v_ctx, float(v_tok + ch_tok), 1, v_seqs) + self.cost.overhead_ms
-        if n:
-            t_verify += cfg.host_token_ms * float(sp.gen_step.sum())
         return self._noisy(t_verify, self._sigma_t)
 
     def _chunk_prefill_ms(self, r: _Run, chunks, chunk_len, chunk_prior: int, ch_tok: int) -> float:

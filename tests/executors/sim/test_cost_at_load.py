@@ -157,3 +157,51 @@ def test_host_time_counts_every_generated_token_with_chunked_prefill():
     host, plain = run(0.05), run(0.0)
     np.testing.assert_allclose((host.finish_s - host.arrival_s) - (plain.finish_s - plain.arrival_s),
                                0.05e-3 * w.output_tokens, rtol=1e-6)
+
+
+
+def test_the_policy_prices_batch_expansion_as_the_simulator_charges_it(monkeypatch):
+    """The cost model a policy plans with (the profile's step cost) predicts every verify pass the
+    simulator charges under batch expansion, to rounding: the KV read per verified draft token and
+    the expanded sequences' host time. vLLM's host time per generated token (output processing) comes
+    after the pass: in the step's total, not in its verify time, which an online refit of the
+    target's cost reads. (The policies' cost model has no term for it: it scales with the tokens a
+    step yields, so it does not move the best k.)"""
+    from control.bench import simrun
+    from control.policy import build_policy
+
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm")
+    cost = prof.step_cost()
+    assert cost.target.expanded and cost.target.d > 0
+    assert not roofline_profile("a100", "llama-2-7b", ["llama-160m"]).step_cost().target.expanded
+    setup = SimSetup(prof, poisson(60, 20.0, prompt="uniform:64:900", output="40", seed=3), table=FIXED_07)
+    seen = []
+
+    class Recorder:  # the real fixed-k policy, its outcomes kept
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def observe(self, outcome):
+            seen.append(outcome)
+            self.inner.observe(outcome)
+
+    monkeypatch.setattr(simrun, "make_policy",
+                        lambda spec, plan, engine, seed, price=None: Recorder(build_policy(spec, plan, seed=seed)))
+    run_policy(setup, setup.workload, "fixed:3", 0)
+    steps = [o for o in seen if o.n and o.verified.any()]
+    assert len(steps) > 20
+    host = setup.host_token_ms
+    assert host > 0
+    for o in steps:
+        assert o.verify_ms == pytest.approx(cost.verify_ms(o.ctx_lens.astype(np.float64), o.verified), rel=1e-9)
+        if not o.finished.size:  # every request generated accepted + 1 tokens
+            host_ms = o.total_ms - o.draft_ms - o.verify_ms
+            assert host_ms == pytest.approx(host * float((o.accepted + 1).sum()), rel=1e-9)
+    # the optimiser's marginal slot costs add up to the same pass: plain + slots = verify_ms
+    ctx, k = np.array([100.0, 700.0]), np.array([3, 1])
+    vb, va = cost.verify_slots(ctx)
+    slots = sum(vb[i] + va * j for i in range(2) for j in range(k[i]))
+    assert cost.plain_ms(ctx) + slots == pytest.approx(cost.verify_ms(ctx, k), rel=1e-12)
