@@ -115,11 +115,6 @@ class AcceptanceTable:
             f"Spec-Bench leaderboard (A100, Vicuna-7B): {category} speedup {group['speedup'][category]} vs overall "
             f"{ov['speedup']} at tau {ov['tau']} -> rate {a_cat:.3f} vs {a_all:.3f} at k = {k}")
 
-    def category_params(self, family: str, drafter: str, kind: str, category: str) -> RateParams:
-        base = self.params(family, drafter, kind)
-        shift, src = self.category_shift(kind, category)
-        return base.with_mean(_sigmoid(_logit(base.mean) + shift), f"{base.source}; category shift: {src}")
-
 
 @dataclass(frozen=True)
 class RequestRates:
