@@ -272,13 +272,7 @@ class SimEngine:
     def run(self, policy) -> SimResult:
         r = self._start(policy)
         while r.done < r.total:
-            self._admit(r)
-            r.slots.refresh()
-            if not self.cfg.chunked_prefill and r.slots.pending.size:
-                self._prefill_iteration(r)
-            elif r.slots.dec.size or r.slots.pending.size:
-                self._decode_iteration(r)
-            # else: nothing admitted yet (the clock jumps to the next arrival)
+            self.iterate(r)
         r.res.k_hist = r.tally.k_hist
         if self.cfg.record_series:
             r.res.series = r.tally.series_arrays()
@@ -298,6 +292,7 @@ class SimEngine:
             self._prefill_iteration(r)
         elif r.slots.dec.size or r.slots.pending.size:
             self._decode_iteration(r)
+        # else: nothing admitted yet (the clock jumps to the next arrival)
 
     def _start(self, policy) -> _Run:
         cfg = self.cfg
