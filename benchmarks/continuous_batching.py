@@ -29,6 +29,7 @@ learns step t's outcome, as under an overlap scheduler).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -200,6 +201,7 @@ class ModelClock:
             self.ms += verify + draft + c.overhead_ms
             if self.replace_times:  # the policy learns the model's times, not the machine's
                 o.verify_ms, o.draft_ms, o.total_ms = verify, draft, verify + draft + c.overhead_ms
+                o.prev_loop_ms = math.nan  # the loop's own time is the machine's too: not measured
         self.policy.observe(o)
 
 
