@@ -199,3 +199,27 @@ def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_on
     np.testing.assert_array_equal(many.cat.trials, one.cat.trials)
     np.testing.assert_allclose(many.conf[0].hits, one.conf[0].hits, rtol=1e-12)
     np.testing.assert_allclose(many.conf[0].n, one.conf[0].n, rtol=1e-12)
+
+
+def test_refit_under_batch_expansion_learns_the_costs_the_model_charges():
+    """A target that verifies by batch expansion, on a machine 1.5x slower than its profile: the refit
+    fed the passes' measured times predicts them at other batches, contexts and depths, instead of
+    folding the expansion's extra sequences into the price of a token."""
+    from dataclasses import replace
+
+    base = _ctx().cost
+    cost = replace(base, target=replace(base.target, a=2e-4, d=0.05, expanded=True))
+    refit = CostRefit(cost)
+    rng = np.random.default_rng(0)
+    rebuilt = None
+    for step in range(6 * REFIT_EVERY):
+        n = int(rng.integers(1, 48))
+        ctx, k = rng.integers(100, 2000, n), rng.integers(0, 6, n)
+        out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=np.zeros(n, dtype=np.int64),
+                          ctx_lens=ctx, drafted=k, verified=k, accepted=k // 2,
+                          verify_ms=1.5 * cost.verify_ms(ctx, k), step=step)
+        got = refit.update(out, np.zeros(n, dtype=np.int64), k > 0, False, cost.verify, cost)
+        rebuilt = got if got is not None else rebuilt
+    for n, c, kk in ((4, 300, 1), (32, 1500, 4), (64, 800, 6)):
+        ctx, k = np.full(n, c), np.full(n, kk)
+        assert rebuilt.verify_ms(ctx, k) == pytest.approx(1.5 * cost.verify_ms(ctx, k), rel=0.02)
