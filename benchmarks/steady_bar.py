@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from control.bench.simrun import SimSetup, measure_capacity, sweep  # noqa: E402
 from control.bench.workloads import load_workload  # noqa: E402
 from control.buildsys.roofline import roofline_profile  # noqa: E402
+from control.errors import ConfigError  # noqa: E402
 from control.profile import Profile, load_profile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +98,23 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default="", help="write the rows and tables here")
     args = ap.parse_args()
-    loads = [float(x) for x in args.loads.split(",")]
-    ks = [int(x) for x in args.ks.split(",") if x]
+    try:
+        loads = [float(x) for x in args.loads.split(",")]
+        ks = [int(x) for x in args.ks.split(",") if x]
+    except ValueError:
+        ap.error(f"--loads {args.loads!r} / --ks {args.ks!r}: give comma-separated numbers, e.g. --loads 0.5,0.9 --ks 1,2,3")
+    if not loads or min(loads) <= 0 or min(ks, default=1) < 1:
+        ap.error("loads must be > 0 and each k >= 1 (k = 0 is policy none, always run)")
+    unknown = [p for p in args.pairs.split(",") if p not in PAIRS]
+    if unknown:
+        ap.error(f"--pairs: unknown {', '.join(unknown)}; known: {', '.join(PAIRS)}")
+    try:
+        run(args, loads, ks)
+    except ConfigError as e:
+        raise SystemExit(f"steady_bar.py: {e}") from None
+
+
+def run(args, loads: list[float], ks: list[int]) -> None:
     extra = [p for p in args.extra.split(",") if p]
     policies = ["none", *(f"fixed:{k}" for k in ks), "adaptive", *extra]
     dump = {}
