@@ -58,6 +58,10 @@ class StepView:
         waiting: requests queued and not yet admitted.
         verify: what the executor's target verifies per request for the k chosen
             (``control.goodput.granularity``): per request unless the executor pads or verifies per batch.
+        ngram_avail: (n,) tokens the executor's n-gram drafter (its first drafter of that kind) would
+            propose for each request at k = ``max_k`` (0: its lookup finds no match), so a draft of k
+            there is min(k, ngram_avail) tokens; None where the executor has no n-gram drafter or
+            cannot see its lookup. Built by the step kernel (``control/executors/step/ngram.py``).
     """
 
     slots: np.ndarray
@@ -77,6 +81,7 @@ class StepView:
     prefill_tokens: int = 0
     waiting: int = 0
     verify: VerifyGranularity = PER_REQUEST
+    ngram_avail: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -103,6 +108,7 @@ class StepView:
         prefill_tokens: int = 0,
         waiting: int = 0,
         verify: VerifyGranularity = PER_REQUEST,
+        ngram_avail=None,
     ) -> StepView:
         """Convenience constructor with defaults (uncapped k, no drafter used yet, drafts in sync)."""
         slots = _arr(slots)
@@ -126,6 +132,7 @@ class StepView:
             prefill_tokens=int(prefill_tokens),
             waiting=int(waiting),
             verify=verify,
+            ngram_avail=None if ngram_avail is None else _arr(ngram_avail),
         )
 
 

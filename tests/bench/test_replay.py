@@ -26,20 +26,29 @@ ENGINE_BATCH = 3
 
 
 class StepLog:
-    """Wraps a policy; keeps (request id, drafted, accepted) per request-step in step order."""
+    """Wraps a policy; keeps (request id, drafted, accepted) per request-step in step order, and what
+    each step's view said of it: (n-gram lookup's proposal at max_k, or -1 where the view has none;
+    remaining tokens)."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.name = inner.name
         self.steps: dict[int, list[tuple[int, int]]] = {}
+        self.views: dict[int, list[tuple[int, int]]] = {}
 
     def decide(self, view):
+        avail = view.ngram_avail if view.ngram_avail is not None else np.full(view.n, -1)
+        for r, a, rem in zip(view.request_ids, avail, view.remaining, strict=True):
+            self.views.setdefault(int(r), []).append((int(a), int(rem)))
         return self.inner.decide(view)
 
     def observe(self, outcome) -> None:
         for r, v, a in zip(outcome.request_ids, outcome.verified, outcome.accepted, strict=True):
             self.steps.setdefault(int(r), []).append((int(v), int(a)))
         self.inner.observe(outcome)
+
+    def in_order(self, table: dict) -> list:
+        return [table[rid] for rid in sorted(table)]  # engine ids are 1..N in prompt order, replay ids 0..N-1
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +136,27 @@ def test_replay_accepts_what_the_reference_engine_accepts(loaded, prompts, recor
         real, tokens = _engine_log(loaded, prompts, profile, drafter, k)
         assert tokens == plain, f"fixed:{k}@{drafter} changed the greedy output"
         sim = _replay_log(record, profile, drafter, k)
-        real_seq = [real.steps[rid] for rid in sorted(real.steps)]  # engine ids are 1..N in prompt order
-        sim_seq = [sim.steps[rid] for rid in sorted(sim.steps)]  # replay ids are 0..N-1
+        real_seq, sim_seq = real.in_order(real.steps), sim.in_order(sim.steps)
         assert real_seq == sim_seq, f"fixed:{k}@{drafter}: replay differs from the engine"
         assert sum(a for s in real_seq for _, a in s) > 0, f"fixed:{k}@{drafter} never accepted a token"
+        assert real.in_order(real.views) == sim.in_order(sim.views), f"fixed:{k}@{drafter}: the views differ"
+
+
+def test_views_show_what_the_ngram_lookup_proposes(loaded, prompts, record, profile):
+    """Every view of the engine and of the replay carries the n-gram lookup's proposal at max_k, and
+    a draft of k there is exactly min(k, that proposal) tokens (within the request's room): what the
+    policy may price n-gram by before it decides."""
+    k = MAX_K
+    real, _ = _engine_log(loaded, prompts, profile, "ngram", k)
+    sim = _replay_log(record, profile, "ngram", k)
+    for log in (real, sim):
+        views, steps = log.in_order(log.views), log.in_order(log.steps)
+        pairs = [(v, s) for vr, sr in zip(views, steps, strict=True) for v, s in zip(vr, sr, strict=True)]
+        assert all(0 <= avail <= MAX_K for (avail, _), _ in pairs)
+        assert all(drafted == min(k, rem - 1, avail) for (avail, rem), (drafted, _) in pairs)
+        assert {avail for (avail, _), _ in pairs} >= {0, MAX_K}  # lookups that found nothing and full ones
+        assert any(0 < avail < MAX_K for (avail, _), _ in pairs)  # and short tails
+    assert real.in_order(real.views) == sim.in_order(sim.views)
 
 
 def test_replay_repeats_exactly(record, profile):

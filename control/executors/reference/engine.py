@@ -60,6 +60,7 @@ from control.executors.reference.sampler import Sampler
 from control.executors.reference.sampling import PositionNoise
 from control.executors.reference.slots import SlotTable
 from control.executors.step.kernel import run_step, step_outcome
+from control.executors.step.ngram import lookup_avail
 from control.executors.step.stop import StopRules, apply_stop
 from control.executors.step.view import build_view
 from control.executors.streams import OutputStreams
@@ -151,6 +152,7 @@ class ReferenceEngine:
             else:
                 self.drafters.append(DraftModelDrafter(name, m, self.pool.drafts[j], self.pool.draft_len[:, j]))
         self.has_state = np.array([d.has_state for d in self.drafters] or [False])
+        self._ngram = next((d for d in self.drafters if isinstance(d, NgramDrafter)), None)  # the view's lookup
         if cfg.default_drafter is not None:
             if cfg.default_drafter not in self.drafter_names:
                 raise ConfigError(f"default drafter '{cfg.default_drafter}' is not one of this engine's drafters "
@@ -376,8 +378,15 @@ class ReferenceEngine:
             token_budget=max(self.token_budget - prefill_tokens, int(dec.size)), max_k=self.max_k,
             drafters=self.drafter_names, now=self.clock() - self._t0, step=self.step_no,
             category=self.category[dec] if self._any_category else None, prefill_tokens=prefill_tokens,
-            waiting=len(self.waiting),
+            waiting=len(self.waiting), ngram_avail=self._ngram_avail(dec),
         )
+
+    def _ngram_avail(self, dec: np.ndarray) -> np.ndarray | None:
+        """(n,) tokens the n-gram drafter would propose for each decoding slot at max_k (None: none)."""
+        g = self._ngram
+        if g is None:
+            return None
+        return lookup_avail(self.tok, self.n_tok, dec, self.max_k, g.max_n, g.min_n)
 
     def _decode(self, dec: np.ndarray, view: StepView, decision: Decision, policy: Policy,
                 stats: IterationStats) -> list[RequestOutput]:

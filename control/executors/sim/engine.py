@@ -52,7 +52,7 @@ from control.executors.step.kernel import Drafts, StepResult, Verdict, run_step,
 from control.executors.step.stop import emitted
 from control.executors.step.view import build_view
 from control.goodput.granularity import PER_REQUEST, VerifyGranularity
-from control.goodput.stepcost import StepCostModel
+from control.goodput.stepcost import DrafterKind, StepCostModel
 from control.policy.simple import NonePolicy
 from control.policy.types import Decision, StepView
 from control.policyspec import DEFAULT_MAX_K
@@ -242,6 +242,9 @@ class SimEngine:
         self._stateful_i = self._stateful.astype(I64)
         self._any_stateful = bool(self._stateful.any())
         self._limit = getattr(acceptance, "limit", None)  # (rid, pos, d) -> tokens drafter d can propose
+        ngrams = [d for d, c in enumerate(cost.drafters) if c.kind == DrafterKind.ngram]
+        # the view's n-gram lookup: the first n-gram drafter's, where the acceptance knows what it proposes
+        self._ngram = ngrams[0] if ngrams and self._limit is not None else -1
         self._jidx = np.arange(max(config.max_k, 1))
         mape = mape or {}
         self._sigma_t = math.sqrt(math.pi / 2) * mape.get("target", cost.target.mape) / 100.0
@@ -361,7 +364,7 @@ class SimEngine:
             # ``none`` never drafts and learns nothing: jump to the next event in one go.
             self._fast_forward(r, dec, ctx, rem)
             return
-        view = self._view(r, dec, rid, ctx, rem)
+        view = self._view(r, dec, rid, ctx, rem, gen0)
         decision: Decision = r.policy.decide(view)
         r.pmask = self._prefill_mask(decision)
         sp = self._speculate(r, view, decision, gen0) if n else _Spec()
@@ -386,8 +389,8 @@ class SimEngine:
         self._retire(r, retire)
 
     # -- pieces of a decode step ----------------------------------------------------------------------
-    def _view(self, r: _Run, dec, rid, ctx, rem) -> StepView:
-        """Step 1: the view of the decoding slots ``dec`` (n,)."""
+    def _view(self, r: _Run, dec, rid, ctx, rem, gen0) -> StepView:
+        """Step 1: the view of the decoding slots ``dec`` (n,) (``gen0`` (n,): tokens each generated so far)."""
         cfg, sl = self.cfg, r.slots
         n = dec.size
         pending = sl.pending
@@ -397,8 +400,14 @@ class SimEngine:
             draft_lag=sl.lag[dec] if self.drafters else None, free_kv_slots=r.kv.free,
             token_budget=cfg.token_budget, max_k=cfg.max_k, drafters=self.drafters, now=r.clock.now,
             step=r.clock.step, category=sl.cat_dec, prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)),
-            waiting=r.waiting, verify=cfg.verify,
+            waiting=r.waiting, verify=cfg.verify, ngram_avail=self._ngram_avail(rid, gen0),
         )
+
+    def _ngram_avail(self, rid: np.ndarray, gen0: np.ndarray) -> np.ndarray | None:
+        """(n,) what the n-gram drafter proposes at max_k for each request, as recorded (None: unknown)."""
+        if self._ngram < 0 or not rid.size:
+            return None
+        return np.minimum(self._limit(rid, gen0, self._ngram), self.cfg.max_k)
 
     def _speculate(self, r: _Run, view: StepView, decision: Decision, gen0: np.ndarray) -> _Spec:
         """Steps 2-5 of the step kernel for the n decoding requests, over the simulator's parts."""

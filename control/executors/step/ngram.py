@@ -1,7 +1,9 @@
 """Prompt lookup (n-gram drafting): the one proposer every data plane drafts n-grams with.
 
 The longest suffix of the context (n = ``max_n`` down to ``min_n`` tokens) that occurred earlier in
-the context proposes the tokens that followed its latest earlier occurrence.
+the context proposes the tokens that followed its latest earlier occurrence. ``ngram_available``
+counts those tokens without copying them: what the step view reports (``StepView.ngram_avail``), so
+the policy knows, before it decides, how many tokens a lookup asked for k would propose.
 """
 
 from __future__ import annotations
@@ -9,18 +11,46 @@ from __future__ import annotations
 import numpy as np
 
 DEFAULT_MAX_N = 3  # the longest suffix tried (prompt-lookup decoding's default)
+NO_MATCH = -1  # ``match_start`` of a context whose suffixes occur nowhere earlier
+I64 = np.int64
 
 
-def ngram_propose(context: np.ndarray, k: int, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> np.ndarray:
-    """Up to ``k`` draft tokens (a new array) for ``context`` (L,) int; empty when nothing matches."""
+def match_start(context: np.ndarray, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> int:
+    """Index in ``context`` (L,) of the first token after the latest earlier occurrence of its
+    longest matching suffix (``NO_MATCH`` when none matches)."""
     L = context.shape[0]
-    if k <= 0:
-        return context[:0].copy()
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         tail = context[L - n:]
         win = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)  # (L - n, n): windows before the tail's end
         hits = np.flatnonzero((win == tail).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
-            return context[start: start + k].copy()
-    return context[:0].copy()
+            return int(hits[-1]) + n
+    return NO_MATCH
+
+
+def ngram_propose(context: np.ndarray, k: int, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> np.ndarray:
+    """Up to ``k`` draft tokens (a new array) for ``context`` (L,) int; empty when nothing matches."""
+    if k <= 0:
+        return context[:0].copy()
+    start = match_start(context, max_n, min_n)
+    if start == NO_MATCH:
+        return context[:0].copy()
+    return context[start: start + k].copy()
+
+
+def ngram_available(context: np.ndarray, k: int, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> int:
+    """How many tokens ``ngram_propose(context, k, max_n, min_n)`` returns (0: no match)."""
+    if k <= 0:
+        return 0
+    start = match_start(context, max_n, min_n)
+    return 0 if start == NO_MATCH else min(k, context.shape[0] - start)
+
+
+def lookup_avail(tokens: np.ndarray, n_tok: np.ndarray, slots: np.ndarray, k: int, max_n: int = DEFAULT_MAX_N,
+                 min_n: int = 1) -> np.ndarray:
+    """(n,) int64 ``ngram_available`` of each slot's context: ``tokens`` (S, L) token buffer,
+    ``n_tok`` (S,) tokens in each row, ``slots`` (n,) the rows asked about."""
+    out = np.zeros(slots.shape[0], dtype=I64)  # (n,)
+    for i, s in enumerate(slots.tolist()):
+        out[i] = ngram_available(tokens[s, : n_tok[s]], k, max_n, min_n)
+    return out

@@ -27,9 +27,10 @@ def build_view(*, slots: np.ndarray, request_ids: np.ndarray, ctx_lens: np.ndarr
                k_cap: np.ndarray | None = None, drafter: np.ndarray | None = None,
                draft_lag: np.ndarray | None = None, category: np.ndarray | None = None, now: float = 0.0,
                step: int = 0, prefill_tokens: int = 0, waiting: int = 0,
-               verify: VerifyGranularity = PER_REQUEST) -> StepView:
+               verify: VerifyGranularity = PER_REQUEST, ngram_avail: np.ndarray | None = None) -> StepView:
     """The step's view. Arrays (n,) int64 unless noted; defaults: k_cap ``max_k`` for everyone,
-    drafter ``NO_DRAFTER``, draft_lag (n, max(m, 1)) zeros (every drafter in sync)."""
+    drafter ``NO_DRAFTER``, draft_lag (n, max(m, 1)) zeros (every drafter in sync), ngram_avail None
+    (no n-gram drafter, or its lookup unseen; ``ngram.lookup_avail`` builds it from a token buffer)."""
     n = int(slots.shape[0])
     return StepView(
         slots=slots, request_ids=request_ids, ctx_lens=ctx_lens, remaining=remaining,
@@ -38,4 +39,5 @@ def build_view(*, slots: np.ndarray, request_ids: np.ndarray, ctx_lens: np.ndarr
         draft_lag=np.zeros((n, max(len(drafters), 1)), dtype=I64) if draft_lag is None else draft_lag,
         free_kv_slots=int(free_kv_slots), token_budget=int(token_budget), max_k=int(max_k), drafters=drafters,
         now=now, step=step, category=category, prefill_tokens=prefill_tokens, waiting=waiting, verify=verify,
+        ngram_avail=ngram_avail,
     )

@@ -37,7 +37,7 @@ import numpy as np
 from control.errors import ConfigError, SpecctlError
 from control.executors.step.clamp import Clamped
 from control.executors.step.kernel import Drafts, Verdict, run_step, step_outcome
-from control.executors.step.ngram import ngram_propose
+from control.executors.step.ngram import ngram_available, ngram_propose
 from control.executors.step.stop import StopRules, apply_stop
 from control.executors.step.view import build_view
 from control.executors.trtllm.granularity import BLS_GRANULARITY
@@ -247,7 +247,7 @@ class SpecOrchestrator:
             remaining=np.fromiter((r.max_tokens - r.generated for r in reqs), I64, n),
             k_cap=np.fromiter((r.k_cap for r in reqs), I64, n), drafter=np.zeros(n, dtype=I64),
             drafters=self._drafters, max_k=self.max_k, token_budget=self.token_budget, step=self._step,
-            now=time.monotonic(), verify=self.verify_granularity,
+            now=time.monotonic(), verify=self.verify_granularity, ngram_avail=self._ngram_avail(reqs),
         )
         parts = _BlsParts(self, reqs, t0)
         res = run_step(view, self.policy.decide(view), parts, str(getattr(self.policy, "name", self.policy)))
@@ -332,6 +332,12 @@ class SpecOrchestrator:
             err = SpecctlError(f"{model} answered {len(answers)} of {len(requests)} requests")
             return [err] * len(requests)
         return answers
+
+    def _ngram_avail(self, reqs: list[_Req]) -> np.ndarray | None:
+        """(n,) tokens the n-gram lookup proposes for each request at max_k (None: a draft model drafts)."""
+        if self.drafter != "ngram":
+            return None
+        return np.fromiter((ngram_available(r.seq, self.max_k, self.ngram_size) for r in reqs), I64, len(reqs))
 
     def _draft(self, reqs: list[_Req], k: np.ndarray, failed: dict[int, str]) -> list[np.ndarray]:
         empty = np.zeros(0, dtype=I64)

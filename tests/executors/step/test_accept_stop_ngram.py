@@ -7,7 +7,7 @@ import numpy as np
 from control.executors.base import FinishReason
 from control.executors.reference.sampling import PositionNoise
 from control.executors.step.accept import accept_coupled, accept_greedy, accepted_run
-from control.executors.step.ngram import ngram_propose
+from control.executors.step.ngram import lookup_avail, ngram_available, ngram_propose
 from control.executors.step.stop import StopRules, apply_stop, emitted
 
 I64 = np.int64
@@ -69,3 +69,28 @@ def test_ngram_proposal_is_a_copy():
     prop = ngram_propose(ctx, 2)
     prop[:] = -1
     assert ctx.tolist() == [1, 2, 1, 2]
+
+
+def test_ngram_available_counts_what_the_lookup_proposes():
+    """The view's ``ngram_avail`` comes from ``ngram_available``: it must equal the proposal's length
+    for every context, k and suffix range (small vocabularies, so matches of every length occur)."""
+    rng = np.random.default_rng(5)
+    seen = set()
+    for _ in range(300):
+        ctx = rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(1, 24))).astype(I64)
+        for max_n in (1, 2, 3):
+            for k in range(0, 7):
+                got = ngram_available(ctx, k, max_n=max_n)
+                assert got == ngram_propose(ctx, k, max_n=max_n).size, (ctx.tolist(), k, max_n)
+                seen.add(got)
+    assert seen == set(range(0, 7))  # no match, short tails and full proposals all happened
+
+
+def test_lookup_avail_reads_each_slot_of_a_token_buffer():
+    tok = np.zeros((3, 10), dtype=I64)  # (S, L)
+    tok[0, :6] = [1, 2, 3, 4, 1, 2]  # (1, 2) occurred at 0: proposes 3, 4, 1, 2
+    tok[2, :4] = [7, 8, 9, 6]  # no repeat: nothing
+    n_tok = np.array([6, 0, 4], dtype=I64)
+    out = lookup_avail(tok, n_tok, np.array([2, 0], dtype=I64), 3)
+    assert out.dtype == I64 and out.tolist() == [0, 3]
+    assert lookup_avail(tok, n_tok, np.array([0], dtype=I64), 8).tolist() == [4]

@@ -252,3 +252,44 @@ def test_ngram_proposer():
     assert ngram_propose(seq, 1, 2).tolist() == [4]
     assert ngram_propose(np.array([1, 2, 3]), 2, 3).tolist() == []
     assert ngram_propose(seq, 0, 3).tolist() == []
+
+
+class ViewLog:
+    """Wraps a policy; keeps each step's (request id, n-gram proposal in the view, remaining) and drafted."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+        self.views: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]] = []
+        self.drafted: list[np.ndarray] = []
+
+    def decide(self, view):
+        self.views.append((view.request_ids.copy(), None if view.ngram_avail is None else view.ngram_avail.copy(),
+                           view.remaining.copy()))
+        return self.inner.decide(view)
+
+    def observe(self, outcome) -> None:
+        self.drafted.append(outcome.drafted.copy())
+        self.inner.observe(outcome)
+
+
+@pytest.mark.parametrize("drafter", ["draft_target", "ngram"])
+def test_the_view_carries_what_the_ngram_lookup_proposes(client, drafter):
+    """With n-gram drafting each step's view holds the lookup's proposal at max_k per request, and a
+    draft of k there is min(k, it) tokens; a draft model's views carry none."""
+    k = 3
+    log = ViewLog(build_policy(f"fixed:{k}", _plan()))
+    orch = SpecOrchestrator(log, client, drafter=drafter, max_k=4)
+    rng = np.random.default_rng(11)
+    for rid in range(4):  # short repeating prompts: lookups that match, run short and find nothing
+        orch.add(rid, rng.integers(1, 6, size=int(rng.integers(2, 9))).tolist(), 12, Collector().sink(rid))
+    orch.run_until_idle(200)
+    assert log.views and len(log.views) == len(log.drafted)
+    if drafter != "ngram":
+        assert all(avail is None for _, avail, _ in log.views)
+        return
+    seen = set()
+    for (_, avail, rem), drafted in zip(log.views, log.drafted, strict=True):
+        assert avail is not None and ((0 <= avail) & (avail <= 4)).all()
+        assert drafted.tolist() == np.minimum(np.minimum(k, rem - 1), avail).tolist()
+        seen.update(avail.tolist())
+    assert 0 in seen and len(seen) > 2
