@@ -187,7 +187,8 @@ class StepOutcome:
     ``prev_loop_ms``: the previous decode step's time outside its forward passes (its policy calls,
     the executor's bookkeeping, and whatever the loop did before starting this step, such as
     delivering outputs), measured only when that step left requests decoding (else NaN);
-    ``prev_loop_requests`` is that step's batch size.
+    ``prev_loop_requests`` is that step's batch size. ``ngram_avail``: the step's view's (n,) n-gram
+    lookup proposals (``StepView.ngram_avail``), or None.
     """
 
     slots: np.ndarray
@@ -212,6 +213,7 @@ class StepOutcome:
     prefill_ctx_tokens: int = 0
     prev_loop_ms: float = math.nan
     prev_loop_requests: int = 0
+    ngram_avail: np.ndarray | None = None
 
     @property
     def n(self) -> int:

@@ -108,5 +108,5 @@ def step_outcome(view: StepView, res: StepResult, idle_drafter: np.ndarray, fini
         ctx_lens=view.ctx_lens, drafted=dr.count, verified=res.verified, accepted=res.verdict.accepted,
         confidence=dr.confidence, category=view.category, draft_ms=dr.ms, verify_ms=verify_ms, total_ms=total_ms,
         draft_passes=dr.passes, draft_ctx_tokens=dr.ctx_tokens, draft_batched_tokens=dr.batched_tokens,
-        finished=finished, now=now, step=step, **extra,
+        finished=finished, now=now, step=step, ngram_avail=view.ngram_avail, **extra,
     )

@@ -10,6 +10,11 @@ Exploration draws each drafter with its posterior probability of being the best 
 Requests the bandit puts on different draft models in one step all move to the most used one (each
 model in a step pays its own k passes); new requests prefill the model that drafted most last step.
 Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share).
+
+An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail``; 0 without a
+match), so a request on n-gram drafts min(k, a_r): its cap becomes min(cap_r, a_r) (0 without a match:
+plain decoding for it this step). The plan also gets the lookup's survival curves by proposal length
+(``survival.LookupRates``), for the optimiser's fallback and held lookups (``optimise.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 
 from control.goodput.acceptance import MAX_RATE
 from control.goodput.estimators import PositionRates
-from control.goodput.stepcost import StepCostModel, uniform_step_ms
+from control.goodput.stepcost import DrafterKind, StepCostModel, uniform_step_ms
 from control.plan import typical_ctx
 from control.policy.adaptive.step_plan import StepPlan
 from control.policy.adaptive.survival import is_uniform
@@ -52,6 +57,7 @@ class DrafterChoice:
             self.bandit.keep_p = EXPLORE_KEEP
         self._rng = np.random.default_rng(seed)
         self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
+        self.is_ngram = np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
         self.fav = self._profile_favourite(ctx) if self._consolidate else -1
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
@@ -62,7 +68,28 @@ class DrafterChoice:
 
     def assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel) -> None:
         """Fill ``sp.d_ctx``, ``d_exec``, ``lag`` and ``uniform`` (``to_exec`` (m,): plan -> executor
-        drafter index, -1 where the executor lacks it)."""
+        drafter index, -1 where the executor lacks it), and cap n-gram requests at their lookup's proposal."""
+        self._assign(sp, to_exec, cost)
+        self.lookup_caps(sp, to_exec)
+
+    def lookup_caps(self, sp: StepPlan, to_exec: np.ndarray) -> None:
+        """``sp.cap`` of the requests on an n-gram drafter at most what its lookup proposes, and the
+        plan's lookup fields (module doc)."""
+        avail = sp.view.ngram_avail
+        if avail is None or not self.is_ngram.any():
+            return
+        d = sp.d_ctx
+        on = self.is_ngram[np.maximum(d, 0)] & (d >= 0)  # (n,) bool
+        if on.any():
+            sp.cap = np.where(on, np.minimum(sp.cap, avail), sp.cap)
+        runs = np.flatnonzero(self.is_ngram & (to_exec >= 0)) if to_exec.size else np.flatnonzero(self.is_ngram)
+        rates = getattr(self.pos[int(runs[0])], "by_avail", None) if runs.size else None
+        if rates is not None:
+            i = int(runs[0])
+            sp.lookup_ctx, sp.lookup_exec = i, max(int(to_exec[i]), 0) if to_exec.size else 0
+            sp.lookup_curves = rates.curves()
+
+    def _assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel) -> None:
         view, n = sp.view, sp.n
         if self.bandit is None:  # one drafter for everyone: no gathers
             e = max(int(to_exec[self.ctx.default]), 0) if to_exec.size else 0

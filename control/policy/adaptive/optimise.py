@@ -15,6 +15,16 @@ with pace_r the request's tokens per step at the k it was given, smoothed over i
 
 A lagging draft's catch-up is charged to this step as lag / (remaining / (1 + P_r(cap_r))): the
 re-prefill serves every later step of the request.
+
+n-gram lookups (``StepPlan.lookup_curves``, the view's ``ngram_avail`` a_r): a request on a draft model
+that the optimiser gives no tokens (its passes do not pay for it) still drafts by lookup when that
+raises the step's goodput: the optimiser runs once more with those requests on the lookup, at its
+survival for their a_r, and keeps the better choice. Between full decisions a request on the lookup
+drafts the lookup's draft length for what its lookup proposes now (``held_lookup``):
+
+    k_lookup[a] = #{j < a : S_a[j] >= tau},   tau = median over the lookup's requests of g * next_cost_r / w_r
+
+(the optimiser's marginal condition, as the held table over rates uses it).
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ class Optimiser:
         self.pace = np.full(slots, np.nan)  # (slots,) smoothed tokens per step, NaN before the first decision
         self.g: float | None = None  # last step's predicted goodput: the optimiser's warm start
         self._arange = np.arange(slots)
+        self.lookup_k: np.ndarray | None = None  # (K+1,) held draft length by lookup proposal (module doc)
+        self.lookup_exec = -1  # executor index of the drafter ``lookup_k`` is for
 
     def grow(self, size: int) -> None:
         if size > self.pace.size:
@@ -57,11 +69,61 @@ class Optimiser:
         lag = amortised_lag(plan.lag, plan.surv, plan.csum, plan.cap, view.remaining, self.rows(n)) if plan.lagged else None
         choice = optimizer_call(cost, view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, lag, self.g, k0,
                                 plan.csum, w)
+        if plan.lookup_curves is not None:
+            choice = self._lookup_fallback(plan, cost, choice, lag, k0)
+            self._hold_lookup(plan, choice)
         plan.g_value = self.g = choice.goodput  # in residence-weighted tokens per ms: the scale of the cuts
         plan.accepted = self.accepted(plan, choice.k)  # (n,)
         if w is not None:  # report the prediction in plain tokens
             choice = Choice(choice.k, float(n + plan.accepted.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         plan.choice = choice
+
+    def _lookup_fallback(self, plan: StepPlan, cost: StepCostModel, choice: Choice, lag: np.ndarray | None,
+                         k0: np.ndarray | None) -> Choice:
+        """``choice``, or the choice with the requests it gives no draft-model tokens moved to the
+        lookup where that has a better goodput (module doc; updates ``plan``'s drafter fields)."""
+        view, i, curves = plan.view, plan.lookup_ctx, plan.lookup_curves
+        K = curves.shape[1]
+        avail = np.minimum(view.ngram_avail, K)  # (n,)
+        moved = (choice.k == 0) & (plan.d_ctx != i) & (plan.cap > 0) & (curves[avail, 0] > 0)  # (n,) bool
+        if not moved.any():
+            return choice
+        d_ctx = np.where(moved, i, plan.d_ctx)
+        surv = plan.surv.copy()
+        surv[moved] = curves[avail[moved]]
+        cap = np.where(moved, np.minimum(plan.cap, avail), plan.cap)
+        lag = None if lag is None else np.where(moved, 0.0, lag)
+        csum = prefix_sums(surv) if plan.csum is not None else None
+        alt = optimizer_call(cost, view.ctx_lens, surv, cap, plan.cons, d_ctx, lag, self.g, k0, csum, plan.weights)
+        if not alt.goodput > choice.goodput:
+            return choice
+        plan.d_ctx, plan.d_exec = d_ctx, np.where(moved, plan.lookup_exec, plan.d_exec)
+        plan.lag = np.where(moved, 0, plan.lag)
+        plan.surv, plan.csum, plan.cap, plan.uniform = surv, csum, cap, bool((d_ctx == d_ctx[0]).all())
+        return alt
+
+    def _hold_lookup(self, plan: StepPlan, choice: Choice) -> None:
+        """The lookup's draft length by proposal length for the steps until the next full decision."""
+        on = plan.d_ctx == plan.lookup_ctx  # (n,) bool
+        if choice.next_cost is None or not on.any():
+            return
+        tau = choice.goodput * choice.next_cost  # (n,) in survival
+        if plan.weights is not None:
+            tau = tau / plan.weights
+        t = float(np.sort(tau[on])[int(on.sum()) // 2])
+        self.lookup_k = np.cumprod(plan.lookup_curves >= t, axis=1).sum(axis=1)  # (K+1,)
+        self.lookup_exec = plan.lookup_exec
+
+    def held_lookup(self, view, k: np.ndarray, d_exec: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        """(n,) the held draft lengths ``k`` with the lookup's requests at ``lookup_k`` of what their
+        lookup proposes now, within ``cap`` (n,)."""
+        if self.lookup_k is None or view.ngram_avail is None:
+            return k
+        on = d_exec == self.lookup_exec  # (n,) bool
+        if not on.any():
+            return k
+        a = np.minimum(view.ngram_avail, self.lookup_k.size - 1)
+        return np.where(on, np.minimum(cap, self.lookup_k[a]), k)
 
     def accepted(self, plan: StepPlan, k: np.ndarray) -> np.ndarray:
         """(n,) expected accepted draft tokens at draft lengths ``k`` (n,) (batch 1: from ``surv`` on

@@ -44,7 +44,7 @@ from control.policy.adaptive.optimise import Optimiser
 from control.policy.adaptive.probes import probe_unmeasured
 from control.policy.adaptive.refit import CostRefit
 from control.policy.adaptive.step_plan import StepPlan
-from control.policy.adaptive.survival import AcceptanceModel, PooledRows, is_uniform
+from control.policy.adaptive.survival import AcceptanceModel, PooledRows, is_uniform, lookup_drafters
 from control.policy.adaptive.uniform_steps import UniformSteps
 from control.policy.base import I64, BasePolicy, PolicyContext
 from control.policy.gate import Gate
@@ -70,7 +70,7 @@ class AdaptivePolicy(BasePolicy):
         K = max(ctx.max_k, 1)
         self.K = K
         slots = self._slot_rid.size  # per-slot arrays as long as the base's (grown together)
-        self.acceptance = AcceptanceModel(ctx.prior_positions, self._strength, slots, ctx.confidences)
+        self.acceptance = AcceptanceModel(ctx.prior_positions, self._strength, slots, ctx.confidences, lookup_drafters(ctx))
         self.refit = CostRefit(ctx.cost)
         self._cost = ctx.cost
         g = ctx.gate
@@ -200,6 +200,7 @@ class AdaptivePolicy(BasePolicy):
             return self._granular(view, cap)
         if not self.held.due(n, view.step, self._to_exec):  # the fast path: look up, no estimates
             k, d_exec, cut = self.held.lookup(view.slots, cap)
+            k = self.optimiser.held_lookup(view, k, d_exec, cap)  # n-gram: what its lookup proposes now
             return Decision(k, d_exec, conf_cut=cut, prefill_draft=True, prefill_drafter=self.prefill_drafter())
         self.flush()
         sp = self._full_decision(view, cap)
@@ -330,7 +331,7 @@ class AdaptivePolicy(BasePolicy):
         else:
             self.acceptance.learn_request(outcome.slots, d_ctx, s, t, spec, uniform)
             rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence,
-                     uniform)
+                     uniform, outcome.ngram_avail)
         self._refit(outcome, d_ctx, uniform)
         if spec is not None and self.bandit is not None:
             mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing

@@ -27,6 +27,9 @@ class StepPlan:
     d_exec: np.ndarray | None = None  # (n,) int64: the same drafter, executor index
     lag: np.ndarray | None = None  # (n,) int64: tokens the chosen drafter's state is behind the target
     uniform: bool = True  # one drafter serves the whole batch
+    lookup_ctx: int = -1  # the n-gram drafter whose lookup the view reports (plan index; -1: none)
+    lookup_exec: int = -1  # the same drafter, executor index
+    lookup_curves: np.ndarray | None = None  # (K+1, K): its survival by proposal length a = 0..K
     lagged: bool = False  # some request must catch up before drafting
     # survival
     surv: np.ndarray | None = None  # (n, K): P(draft position j of request r is accepted)

@@ -9,6 +9,14 @@ Survival of request r's draft position j (``request_position_survival``):
 
     logit(a[r, j]) = logit(pos_rate[j]) + logit(rate_r) - logit(pooled)
     surv[r, j] = prod_{j' <= j} a[r, j']
+
+An n-gram lookup's acceptance depends on what it proposes: on the CPU pair's record a lookup that
+proposes 2-5 tokens (a recent repeat) has its first token accepted 94-100% of the time, one that
+proposes max_k (an old match) 25%. So for the drafters marked ``lookup`` (n-gram) whose request's
+view carries the lookup's proposal a_r (``StepView.ngram_avail``), survival comes from per-position
+rates pooled over the steps whose lookup proposed the same a (``LookupRates``), and is 0 past a_r:
+
+    surv[r, j] = prod_{j' <= j} lookup_rate[a_r, j']   (j < a_r),   0   (j >= a_r).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from control.goodput.estimators import (
     RequestBeta,
     request_position_survival,
 )
+from control.goodput.stepcost import DrafterKind
 from control.policy.types import StepOutcome, StepView
 
 CATEGORIES = 8  # category slots of the pooled per-category rates
@@ -30,11 +39,15 @@ CATEGORIES = 8  # category slots of the pooled per-category rates
 class AcceptanceModel:
     """Per drafter: position rates, per-request posteriors, confidence calibration; plus categories."""
 
-    def __init__(self, prior_positions: np.ndarray, strength: float, slots: int, confidences: np.ndarray) -> None:
+    def __init__(self, prior_positions: np.ndarray, strength: float, slots: int, confidences: np.ndarray,
+                 lookup: np.ndarray | None = None) -> None:
         m, K = prior_positions.shape  # (m, K)
         self.K = K
         self.confidences = confidences  # (m,) bool: drafter reports confidences
-        self.pos = [PositionRates(K, prior=prior_positions[i]) for i in range(m)]
+        self.lookup = np.zeros(m, dtype=bool) if lookup is None else np.asarray(lookup, dtype=bool)  # (m,) n-gram
+        self.pos = [LookupPositions(K, prior=prior_positions[i]) if self.lookup[i] else PositionRates(K, prior=prior_positions[i])
+                    for i in range(m)]
+        self.by_avail = {int(i): self.pos[i].by_avail for i in np.flatnonzero(self.lookup)}
         self.req = [RequestBeta(strength, capacity=slots) for _ in range(m)]
         self.cat = CategoryRates(CATEGORIES)
         self.conf = [ConfidenceMap() for _ in range(m)]
@@ -57,7 +70,23 @@ class AcceptanceModel:
         """(n, K) survival of each request's draft positions on its drafter ``d_ctx`` (n,) (``uniform``:
         one drafter serves the whole batch)."""
         if uniform:  # always so at batch 1: no masks
-            return self.survival_of(int(d_ctx[0]), view.slots, view.category)
+            surv = self.survival_of(int(d_ctx[0]), view.slots, view.category)
+        else:
+            surv = self._mixed_survival(view, d_ctx)
+        if view.ngram_avail is not None and self.by_avail:
+            self._lookup_survival(surv, view.ngram_avail, d_ctx)
+        return surv
+
+    def _lookup_survival(self, surv: np.ndarray, avail: np.ndarray, d_ctx: np.ndarray) -> None:
+        """Rows of ``surv`` (n, K) on a lookup drafter replaced in place by their lookup's curve (module doc)."""
+        for i, lr in self.by_avail.items():
+            on = d_ctx == i  # (n,) bool
+            if on.all():
+                surv[:] = lr.curves()[np.minimum(avail, self.K)]
+            elif on.any():
+                surv[on] = lr.curves()[np.minimum(avail[on], self.K)]
+
+    def _mixed_survival(self, view: StepView, d_ctx: np.ndarray) -> np.ndarray:
         surv = np.empty((view.n, self.K))  # (n, K)
         for i in range(len(self.pos)):
             sel = d_ctx == i  # (n,) bool
@@ -94,6 +123,11 @@ class AcceptanceModel:
             self.cat.update(outcome.category[spec], s[spec], t[spec])
         if outcome.confidence is not None and self.confidences.any():
             self.calibrate(outcome, d_ctx, spec)
+        if outcome.ngram_avail is not None and self.by_avail:
+            for i, lr in self.by_avail.items():
+                sel = spec & (d_ctx == i)  # (n,) bool
+                if sel.any():
+                    lr.update(outcome.ngram_avail[sel], outcome.accepted[sel], t[sel])
 
     def learn_request(self, slots: np.ndarray, d_ctx: np.ndarray, s: np.ndarray, t: np.ndarray, spec: np.ndarray,
                       uniform: bool) -> None:
@@ -129,6 +163,15 @@ class AcceptanceModel:
             self.cat.update(category[spec], rows.col("s")[spec], t[spec])
         if self.confidences.any() and rows.col("conf") is not None:
             self._calibrate_rows(rows)
+        if self.by_avail and rows.col("avail") is not None:
+            self._lookup_rows(rows)
+
+    def _lookup_rows(self, rows: PooledRows) -> None:
+        avail, spec, d, step = rows.col("avail"), rows.col("spec"), rows.col("d"), rows.col("step")
+        for i, lr in self.by_avail.items():
+            sel = spec & (d == i) & (avail > 0)  # (rows,) bool: drafted on this lookup, its proposal known
+            if sel.any():
+                lr.update_steps(avail[sel], rows.col("accepted")[sel], rows.col("t")[sel], step[sel])
 
     def _calibrate_rows(self, rows: PooledRows) -> None:
         conf = rows.col("conf")  # (rows, K), NaN where nothing was drafted
@@ -171,7 +214,7 @@ class AcceptanceModel:
 class PooledRows:
     """Several steps' outcomes, row by row, for ``AcceptanceModel.learn_pooled``."""
 
-    NAMES = ("d", "tried", "accepted", "s", "t", "spec", "drafted", "category", "conf")
+    NAMES = ("d", "tried", "accepted", "s", "t", "spec", "drafted", "category", "conf", "avail")
 
     def __init__(self, K: int) -> None:
         self.K = K
@@ -181,9 +224,11 @@ class PooledRows:
         self.one = -2  # the drafter of every row when each step had one drafter and every row drafted
         # (-2: no step yet, -1: not so)
 
-    def add(self, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, uniform: bool) -> None:
-        """One step's (n,) arrays (``confidence`` (n, >= 1) or None) that learned anything (some ``spec``)."""
-        self._parts.append((d_ctx, tried, accepted, s, t, spec, drafted, category, confidence))
+    def add(self, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, uniform: bool,
+            avail: np.ndarray | None = None) -> None:
+        """One step's (n,) arrays (``confidence`` (n, >= 1) or None; ``avail``: the step's
+        ``ngram_avail`` or None) that learned anything (some ``spec``)."""
+        self._parts.append((d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, avail))
         self.steps += 1
         i = int(d_ctx[0]) if uniform and d_ctx[0] >= 0 and (spec.shape[0] == 1 or spec.all()) else -1
         self.one = i if self.one in (-2, i) else -1
@@ -200,14 +245,68 @@ class PooledRows:
         if name == "step":
             return np.repeat(np.arange(len(parts)), [p[0].shape[0] for p in parts])
         j = self.NAMES.index(name)
-        if name in ("category", "conf"):
+        if name in ("category", "conf", "avail"):
             if all(p[j] is None for p in parts):
                 return None
-            if name == "category":
+            if name in ("category", "avail"):  # unknown: -1 (an unknown proposal teaches the lookup rates nothing)
                 return np.concatenate([np.full(p[0].shape[0], -1) if p[j] is None else p[j] for p in parts])
             return np.concatenate([np.full((p[0].shape[0], self.K), np.nan) if p[j] is None else _width(p[j], self.K)
                                    for p in parts])  # (rows, K)
         return np.concatenate([p[j] for p in parts])
+
+
+class LookupRates:
+    """Per-position conditional acceptance of an n-gram lookup, one ``PositionRates`` per proposal
+    length a = 1..K (row 0 of ``curves``: a lookup that proposes nothing, survival 0)."""
+
+    def __init__(self, K: int, prior: np.ndarray) -> None:
+        self.K = K
+        self.rates = [PositionRates(K, prior=prior) for _ in range(K)]  # [a - 1]
+        self._curves: np.ndarray | None = None
+        self._mask = np.arange(K)[None, :] < np.arange(K + 1)[:, None]  # (K+1, K): position j < a
+
+    def set_prior(self, prior: np.ndarray) -> None:
+        for r in self.rates:
+            r.set_prior(prior)
+        self._curves = None
+
+    def curves(self) -> np.ndarray:
+        """(K+1, K): survival of draft position j for a lookup proposing a tokens (0 past a)."""
+        if self._curves is None:
+            rates = np.vstack([np.zeros(self.K)] + [r.rates for r in self.rates])  # (K+1, K)
+            self._curves = np.cumprod(rates, axis=1) * self._mask
+        return self._curves
+
+    def update(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray) -> None:
+        """One step's outcomes of requests whose lookups proposed ``avail`` (rows,) tokens."""
+        a = np.minimum(avail, self.K)
+        for v in np.unique(a[a > 0]).tolist():
+            sel = a == v
+            self.rates[v - 1].update(tried[sel], accepted[sel], tried[sel])
+        self._curves = None
+
+    def update_steps(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray, step: np.ndarray) -> None:
+        """Several steps' outcomes (rows,) at once (``PositionRates.update_steps``), ``step``: each row's step."""
+        a = np.minimum(avail, self.K)
+        for v in np.unique(a).tolist():
+            sel = a == v
+            age, steps = _ages(step[sel])
+            self.rates[v - 1].update_steps(accepted[sel], tried[sel], age, steps)
+        self._curves = None
+
+
+class LookupPositions(PositionRates):
+    """An n-gram drafter's position rates, with the same rates split by what its lookup proposed
+    (``by_avail``, learned and read by ``AcceptanceModel``; the drafter stage reads its curves)."""
+
+    def __init__(self, max_k: int, prior) -> None:
+        super().__init__(max_k, prior=prior)
+        self.by_avail = LookupRates(max_k, self.prior)
+
+    def set_prior(self, prior) -> None:
+        super().set_prior(prior)
+        if hasattr(self, "by_avail"):
+            self.by_avail.set_prior(self.prior)
 
 
 def _width(conf: np.ndarray, K: int) -> np.ndarray:
@@ -222,6 +321,11 @@ def _ages(step: np.ndarray) -> tuple[np.ndarray, int]:
     among them, and the number of distinct steps."""
     steps = np.unique(step)  # (updates,)
     return (steps.size - 1) - np.searchsorted(steps, step), int(steps.size)
+
+
+def lookup_drafters(ctx) -> np.ndarray:
+    """(m,) bool: the context's drafters that are n-gram lookups (``AcceptanceModel``'s ``lookup``)."""
+    return np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)
 
 
 def is_uniform(d: np.ndarray) -> bool:

@@ -1,0 +1,107 @@
+"""Adaptive prices n-gram by what its lookup proposes, on the stored exact replay of the CPU pair.
+
+The record (``control/bench/data/replay-stdlib-quick.npz``) and profile are the committed ones, so
+these run without models: the simulator replays the record's acceptance and the lookup's proposal
+(``StepView.ngram_avail``) at every step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from control.bench.replay import ReplayRecord, fixed_configs, replay_run, tokens_per_s
+from control.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = ROOT / "control" / "bench" / "data" / "replay-stdlib-quick.npz"
+PROFILE = ROOT / "profiles" / "cpu" / "stdlib-quick.yaml"
+ROWS = np.arange(48)  # a third of the record's requests: the same behaviour in a third of the time
+
+
+@pytest.fixture(scope="module")
+def record():
+    return ReplayRecord.load(RECORD)
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile(PROFILE)
+
+
+class Asks:
+    """Wraps a policy; keeps, per step, the k it asked of the requests on n-gram and their lookups."""
+
+    def __init__(self, inner, ngram: int) -> None:
+        self.inner, self.name, self.ngram = inner, inner.name, ngram
+        self.asked: list[np.ndarray] = []
+        self.avail: list[np.ndarray] = []
+
+    def decide(self, view):
+        d = self.inner.decide(view)
+        if view.n == 0:
+            return d
+        on = np.asarray(d.drafter) == self.ngram
+        self.asked.append(np.asarray(d.k)[on])
+        self.avail.append(view.ngram_avail[on])
+        return d
+
+    def observe(self, outcome) -> None:
+        self.inner.observe(outcome)
+
+
+def _asks(record, profile, spec: str, batch: int) -> tuple[Asks, object]:
+    box = {}
+
+    def wrap(policy):
+        box["log"] = Asks(policy, record.drafters.index("ngram"))
+        return box["log"]
+
+    res = replay_run(record, profile, spec, batch, rows=ROWS, wrap=wrap)
+    return box["log"], res
+
+
+@pytest.mark.parametrize("spec,batch", [("adaptive@ngram", 1), ("adaptive@ngram", 8), ("adaptive", 8)])
+def test_adaptive_never_asks_ngram_for_more_than_its_lookup_proposes(record, profile, spec, batch):
+    """Full decisions and the held ones between them: a request on n-gram is asked for at most what
+    its lookup proposes (none where it finds no match), and drafts deep where a recent repeat
+    proposes a short run."""
+    log, res = _asks(record, profile, spec, batch)
+    asked, avail = np.concatenate(log.asked), np.concatenate(log.avail)
+    assert asked.size > 500
+    assert (asked <= avail).all()
+    assert (asked[avail == 0] == 0).all()
+    short = (avail >= 2) & (avail <= 5)
+    assert (asked[short] == avail[short]).mean() > 0.9  # such lookups are accepted 94-100% of the time
+    assert tokens_per_s(res) > 0
+
+
+def test_lookup_rates_learn_what_each_proposal_length_is_worth(record, profile):
+    """The lookup's survival curves, learned online from the replay, separate the proposals the
+    record separates: a long proposal (an old match) fails at its first token far more often than a
+    short one (a recent repeat)."""
+    box = {}
+
+    def wrap(policy):
+        box["policy"] = policy
+        return policy
+
+    replay_run(record, profile, "adaptive@ngram", 8, rows=ROWS, wrap=wrap)
+    pol = box["policy"]
+    pol.flush()
+    curves = pol.acceptance.by_avail[0].curves()  # (K+1, K); the only drafter is n-gram
+    K = record.max_k
+    assert curves.shape == (K + 1, K) and (curves[0] == 0).all()
+    assert all((curves[a, a:] == 0).all() for a in range(K + 1))  # nothing survives past the proposal
+    assert curves[3, 0] > 0.9 and curves[K, 0] < 0.5
+
+
+def test_replay_bar_adaptive_at_least_the_best_fixed(record, profile):
+    """Issue 21's replay bar at batch 32 on the stored record: adaptive >= every fixed configuration
+    (no speculation, each drafter at k = 1..max_k) in tokens per modelled second."""
+    fixed = {spec: tokens_per_s(replay_run(record, profile, spec, 32)) for spec in fixed_configs(record)}
+    best = max(fixed, key=fixed.get)
+    assert best != "none"
+    assert tokens_per_s(replay_run(record, profile, "adaptive", 32)) >= fixed[best]
