@@ -14,7 +14,11 @@ Rewards per request: (accepted + 1) / (verify share + its drafter's draft time s
 An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail``; 0 without a
 match), so a request on n-gram drafts min(k, a_r): its cap becomes min(cap_r, a_r) (0 without a match:
 plain decoding for it this step). The plan also gets the lookup's survival curves by proposal length
-(``survival.LookupRates``), for the optimiser's fallback and held lookups (``optimise.py``).
+S_a (``survival.LookupRates``), for the optimiser's fallback and held lookups (``optimise.py``), and
+exploration prices n-gram at what this batch's lookups propose (share_a: the batch's share proposing a):
+
+    tokens_ngram(k) = 1 + sum_a share_a sum_{j < min(k, a)} S_a[j]
+    T_ngram(k) = T(sum_a share_a min(k, a))   (interpolated between uniform draft lengths).
 """
 
 from __future__ import annotations
@@ -143,6 +147,8 @@ class DrafterChoice:
         kk = self.steps.kk
         tokens = (1.0 - np.power.outer(rate, kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
         inv = self.steps.inv(cost, view.ctx_lens)  # (m, K+1)
+        if view.ngram_avail is not None and self.is_ngram.any():
+            tokens, inv = self._lookup_priced(view.ngram_avail, tokens, inv)
         catch = self._catch_up_ms(view, to_exec, cost)
         if catch is not None:
             inv = 1.0 / (1.0 / inv + catch[:, None])
@@ -150,6 +156,24 @@ class DrafterChoice:
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+    def _lookup_priced(self, avail: np.ndarray, tokens: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``tokens`` (S, m, K+1) and ``inv`` (m, K+1) with each n-gram drafter's column priced at
+        what the batch's lookups ``avail`` (n,) propose, on its survival by proposal length (module doc)."""
+        kk = self.steps.kk  # (K+1,)
+        K = kk.size - 1
+        share = np.bincount(np.minimum(avail, K), minlength=K + 1) / max(avail.shape[0], 1)  # (K+1,) over a
+        eff = np.minimum.outer(kk, kk) @ share  # (K+1,) mean tokens drafted at k
+        tokens, inv = tokens.copy(), inv.copy()
+        for i in np.flatnonzero(self.is_ngram):
+            rates = getattr(self.pos[i], "by_avail", None)
+            if rates is None:
+                continue
+            S = rates.curves()  # (K+1 a, K)
+            acc = np.concatenate([np.zeros((K + 1, 1)), np.cumsum(S, axis=1)], axis=1)  # (K+1 a, K+1 k)
+            tokens[:, i, :] = 1.0 + share @ acc  # the posterior mean: the same in every draw
+            inv[i] = 1.0 / np.interp(eff, kk, 1.0 / inv[i])
+        return tokens, inv
 
     def _catch_up_ms(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray | None:
         """(m,) per drafter, the draft-model time per step of bringing this batch's requests in sync
