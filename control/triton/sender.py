@@ -227,6 +227,7 @@ class Counters:
     step_errors: int = 0
     totals: StepTotals = field(default_factory=StepTotals)  # the executor's steps, added up
     deliver_ms: float = 0.0  # the loop's own time delivering each step's outputs to the senders
+    deliver_cpu_ms: float = 0.0  # the loop thread's CPU time in it (the rest: waiting on the server, the GIL, a core)
 
 
 class ResponseSender:
