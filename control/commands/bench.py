@@ -178,7 +178,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
 
 
 def _policy_note(extra: dict) -> str:
-    """", policy x% of busy time (worker y%)" where the server reports it."""
+    """The run line's note on the policy's share of busy time (and its worker's), where the server reports it."""
     if "policy_share" not in extra:
         return ""
     worker = extra.get("policy_worker_share")
