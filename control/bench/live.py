@@ -257,7 +257,12 @@ async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeou
     return list(results), sent
 
 
-TIME_KEYS = ("policy_ms", "prefill_ms", "draft_ms", "verify_ms", "deliver_ms")
+# policy_ms is the step loop's own time in the policy; with the policy off the critical path
+# (overlap_policy) that is the hand-over plus the wait for the worker (policy_wait_ms, within it), and
+# the worker's observe + decide runs beside the passes, outside busy time: policy_worker_ms its wall
+# time (waits for the GIL included), policy_worker_cpu_ms its thread's CPU time.
+TIME_KEYS = ("policy_ms", "prefill_ms", "draft_ms", "verify_ms", "deliver_ms", "policy_wait_ms", "policy_worker_ms",
+             "policy_worker_cpu_ms")
 
 
 def _delta(after: dict, before: dict) -> dict[str, Any]:
@@ -300,8 +305,21 @@ def run_once(ep: Endpoints, reqs: Requests, *, policy: str, load: float, rate: f
                          "mean_accepted_per_step": (d["step_accepted"] + d["decode_steps"]) / d["decode_steps"]
                          if d["decode_steps"] else None,
                          "busy_s": d["busy_ms"] / 1e3, "plan_version": after.get("plan_version"),
-                         "time_s": {k[:-3]: round(d[k] / 1e3, 4) for k in TIME_KEYS if k in d}, **pool})
+                         "time_s": {k[:-3]: round(d[k] / 1e3, 4) for k in TIME_KEYS if k in d},
+                         **policy_shares(d), **pool})
     return row
+
+
+def policy_shares(d: dict) -> dict[str, float]:
+    """The policy's time as shares of busy time: ``policy_share`` on the step loop (the critical
+    path), and with the policy off it, ``policy_worker_share`` (the worker's observe + decide)."""
+    busy = d.get("busy_ms") or 0.0
+    if busy <= 0 or "policy_ms" not in d:
+        return {}
+    out = {"policy_share": round(d["policy_ms"] / busy, 5)}
+    if "policy_worker_ms" in d:
+        out["policy_worker_share"] = round(d["policy_worker_ms"] / busy, 5)
+    return out
 
 
 def measure_capacity(ep: Endpoints, reqs: Requests, timeout_s: float = 600.0,

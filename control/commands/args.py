@@ -28,6 +28,17 @@ def nonnegative_int(text: str) -> int:
     return v
 
 
+ON_OFF = {"on": True, "off": False}
+
+
+def on_off(text: str) -> bool:
+    """``on`` or ``off`` (any case) as a bool."""
+    v = ON_OFF.get(text.strip().lower())
+    if v is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of: {', '.join(ON_OFF)}")
+    return v
+
+
 def port(text: str) -> int:
     try:
         v = int(text)

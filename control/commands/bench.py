@@ -170,10 +170,20 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 rows.append(row)
                 lat = row["mean_latency_s"]
                 console.print(f"load {load:g} {pol:>10s}: mean latency {lat if lat is None else round(lat, 3)} s, "
-                              f"goodput {row['goodput_tok_s']} tok/s, failed {row['extra']['failed']}")
+                              f"goodput {row['goodput_tok_s']} tok/s, failed {row['extra']['failed']}"
+                              f"{_policy_note(row['extra'])}")
         finally:
             clear_overrides(ep)
     return rows, meta
+
+
+def _policy_note(extra: dict) -> str:
+    """The run line's note on the policy's share of busy time (and its worker's), where the server reports it."""
+    if "policy_share" not in extra:
+        return ""
+    worker = extra.get("policy_worker_share")
+    return (f", policy {100 * extra['policy_share']:.2f}% of busy time"
+            + ("" if worker is None else f" (off the critical path; worker {100 * worker:.2f}%)"))
 
 
 def run_order(loads: list[float], policies: list[str], repeats: int):

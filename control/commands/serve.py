@@ -7,6 +7,7 @@ import datetime as _dt
 from pathlib import Path
 
 from control.commands import args as A
+from control.triton.deploy import DEFAULT_OVERLAP_POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,10 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
                    help="the most tokens one request may ask for (default 1024)")
     p.add_argument("--instances", type=A.positive_int, default=1, help="llm model instances (default 1)")
     p.add_argument("--threads", type=A.positive_int, default=1, help="torch threads per instance (default 1)")
+    p.add_argument("--overlap-policy", type=A.on_off, default=DEFAULT_OVERLAP_POLICY, metavar="on|off",
+                   help="the policy decides step t+1 on a worker thread while step t's passes run, from estimates one "
+                        f"step stale; greedy output is the same (default {'on' if DEFAULT_OVERLAP_POLICY else 'off'}: "
+                        "docs/controller-cost.md, 'Off the critical path in the live server')")
     p.add_argument("--http-port", type=_port0, default=8000,
                    help="HTTP port (default 8000; 0 = any free): `specctl serve` puts its front end here (OpenAI API "
                         "and Triton's KServe API behind body limits) and Triton's own HTTP on an internal loopback port")
@@ -64,6 +69,7 @@ def deployment_config(args: argparse.Namespace):
     return DeploymentConfig(engine_dir=engine, run_dir=run_dir, profile=Path(args.profile) if args.profile else None,
                             policy=str(spec), max_k=args.max_k, max_batch=args.max_batch,
                             max_tokens=args.max_tokens_limit, instances=args.instances, threads=args.threads,
+                            overlap_policy=args.overlap_policy,
                             http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
                             control_port=args.control_port, token=args.token,
                             decoupled=not getattr(args, "non_decoupled", False))

@@ -35,6 +35,9 @@ from control.policyspec import DEFAULT_MAX_K
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
 TOKEN_FILE = "control-token"  # in the run directory, owner-only; the llm model's config names it
+# The reference engine's policy on a worker thread during the passes (EngineConfig.overlap_policy),
+# chosen from the live CPU server's measurements (docs/controller-cost.md).
+DEFAULT_OVERLAP_POLICY = False
 STATE_FILE = "control-state.json"  # the service's overrides and plan version, kept across its restarts
 
 
@@ -50,6 +53,7 @@ class DeploymentConfig:
     instances: int = 1
     threads: int = 1
     drafter: str = ""
+    overlap_policy: bool = DEFAULT_OVERLAP_POLICY
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -181,7 +185,8 @@ class Deployment:
                                    control_url=self.control_url if c.service else "",
                                    control_token_file=token_file, max_k=c.max_k,
                                    max_batch=c.max_batch, max_tokens=c.max_tokens, instances=c.instances,
-                                   threads=c.threads, drafter=c.drafter, decoupled=c.decoupled)
+                                   threads=c.threads, drafter=c.drafter, overlap_policy=c.overlap_policy,
+                                   decoupled=c.decoupled)
             self.say(f"starting tritonserver (model repository {repo})")
             self.triton = TritonServer(repo, self.run_dir, http_port=c.http_port, grpc_port=c.grpc_port,
                                        metrics_port=c.metrics_port, host=c.host, pythonpath=[str(ROOT)],

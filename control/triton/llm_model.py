@@ -166,11 +166,12 @@ class LlmModel(ResponseSender):
                 k = np.asarray(st.k, dtype=np.int64)
                 self._k_hist += np.bincount(np.clip(k, 0, K_BUCKETS - 1), minlength=K_BUCKETS)
             self._last_k = list(st.k)
-            t = time.perf_counter()
+            t, tc = time.perf_counter(), time.thread_time()
             with self._reg:
                 for out in outs:
                     self._deliver(out)
             c.deliver_ms += (time.perf_counter() - t) * 1e3
+            c.deliver_cpu_ms += (time.thread_time() - tc) * 1e3
             self._watch.ran(out.request_id for out in outs if not out.finished)
 
     def _reap_cancelled(self) -> None:
@@ -273,6 +274,7 @@ class LlmModel(ResponseSender):
             "busy_ms": round(t.sums.total_ms, 3), "policy_ms": round(t.sums.policy_ms, 3),
             "prefill_ms": round(t.sums.prefill_ms, 3), "draft_ms": round(t.sums.draft_ms, 3),
             "verify_ms": round(t.sums.verify_ms, 3), "deliver_ms": round(c.deliver_ms, 3),
+            "deliver_cpu_ms": round(c.deliver_cpu_ms, 3),
             "decode_steps": t.decode_steps, "spec_steps": t.spec_steps,
             "step_verified": t.sums.verified, "step_accepted": t.sums.accepted, "generated": c.generated,
             "k_hist": self._k_hist.tolist(),

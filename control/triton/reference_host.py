@@ -41,13 +41,20 @@ def build_reference(p: ModelParams, instance: str) -> Hosted:
                       backoff_max_s=AGENT_BACKOFF_MAX_S, source=f"triton-{instance}".replace(" ", "-")[:128])
         policy = agent
     engine = ReferenceEngine(loaded.target, loaded.drafters, policy,
-                             EngineConfig(max_batch=p.max_batch, max_k=p.max_k, default_drafter=p.drafter or None))
+                             EngineConfig(max_batch=p.max_batch, max_k=p.max_k, default_drafter=p.drafter or None,
+                                          overlap_policy=p.overlap_policy))
     tok = loaded.tokenizer
     bos = [] if loaded.bos_token_id is None else [loaded.bos_token_id]
 
     def describe() -> dict:
-        return {"engine": Path(p.engine_dir).name, "kv_slots": engine.max_batch, "kv_slots_in_use": engine.running,
-                "free_kv_tokens": engine.free_kv_slots}
+        doc = {"engine": Path(p.engine_dir).name, "kv_slots": engine.max_batch, "kv_slots_in_use": engine.running,
+               "free_kv_tokens": engine.free_kv_slots, "overlap_policy": p.overlap_policy}
+        worker = engine.policy_worker
+        if worker is not None:  # policy_ms is then the step loop's share: hand-over + wait (policy_wait_ms)
+            doc.update(policy_worker_ms=round(worker.busy_ms, 3), policy_worker_cpu_ms=round(worker.cpu_ms, 3),
+                       policy_wait_ms=round(worker.wait_ms, 3),
+                       policy_worker_jobs=worker.jobs, policy_prepared_used=worker.used)
+        return doc
 
     return Hosted(
         executor=engine, agent=agent, encode=loaded.encode,
@@ -56,4 +63,5 @@ def build_reference(p: ModelParams, instance: str) -> Hosted:
         # encode_batch tokenises without the GIL (encode holds it much of the time), so the engine
         # loop and execute() run on while a large prompt is tokenised; the same ids as encode.
         encode_large=lambda s: bos + tok.encode_batch([s], add_special_tokens=False)[0].ids,
+        close=engine.close,
     )

@@ -38,6 +38,7 @@ PROMPT_BYTES_PER_TOKEN = 64  # text_input above max_seq_len * this many bytes is
 TOKEN_FILE_FORBIDDEN_BITS = 0o077  # group and other permissions: the token file is owner-only
 MAX_TOKEN_FILE_CHARS = 4096
 DEFAULT_SIM_REQUESTS = 4096  # executor sim: requests one model instance serves (acceptance rows)
+FLAG_VALUES = {"true": True, "false": False}  # a boolean model parameter's accepted values
 AGENT_BACKOFF_MAX_S = 2.0  # a restarted control plane (same port) is found again within about this long
 
 
@@ -45,7 +46,8 @@ AGENT_BACKOFF_MAX_S = 2.0  # a restarted control plane (same port) is found agai
 class ModelParams:
     """The ``parameters`` of the llm model's config.pbtxt.
 
-    ``executor: reference`` needs ``engine_dir``; ``executor: trtllm`` needs ``llm_api_options`` (the
+    ``executor: reference`` needs ``engine_dir`` and takes ``overlap_policy`` (``true``: the policy
+    decides step t+1 on a worker thread while step t runs, ``EngineConfig.overlap_policy``); ``executor: trtllm`` needs ``llm_api_options`` (the
     LLM API options ``specctl build`` wrote) and ``model`` (the target checkpoint; else the options'
     ``model`` key), and takes ``plan`` (the build's plan: the agent's profile, policy and K),
     ``control`` (``drafter-hook`` or ``static-schedule``), ``sku`` and ``pair``; ``executor: sim``
@@ -73,6 +75,7 @@ class ModelParams:
     control_token_file: str = ""
     drafter: str = ""
     sim_requests: int = DEFAULT_SIM_REQUESTS
+    overlap_policy: bool = False  # executor reference: the policy decides step t+1 during step t (EngineConfig)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelParams:
@@ -91,6 +94,8 @@ class ModelParams:
                     kw[f.name] = int(v)
                 except ValueError:
                     raise ConfigError(f"llm model parameter {f.name} = {v!r}: must be an integer") from None
+            elif f.type == "bool":
+                kw[f.name] = _flag(f.name, v)
             else:
                 kw[f.name] = v
         p = cls(**kw)
@@ -110,6 +115,9 @@ class ModelParams:
         if p.executor == "sim" and not p.profile:
             raise ConfigError("llm model parameter profile is empty; executor sim needs a profile (its step costs "
                               "and acceptance)")
+        if p.overlap_policy and p.executor != "reference":
+            raise ConfigError(f"llm model parameter overlap_policy = true: only executor reference runs its policy on a "
+                              f"worker thread (this model's executor is {p.executor}); remove the parameter")
         if p.cancel_check_ms < 1:
             raise ConfigError(f"llm model parameter cancel_check_ms = {p.cancel_check_ms}: must be >= 1")
         for name in ("max_k", "max_batch", "max_tokens", "default_max_tokens", "threads", "sim_requests"):
@@ -121,6 +129,14 @@ class ModelParams:
         """The control-plane token: from ``control_token_file`` if set, else None (the agent then reads
         SPECCTL_TOKEN from the environment)."""
         return read_token_file(self.control_token_file) if self.control_token_file else None
+
+
+def _flag(name: str, text: str) -> bool:
+    """A boolean model parameter: ``true`` or ``false`` (any case)."""
+    v = text.strip().lower()
+    if v not in FLAG_VALUES:
+        raise ConfigError(f"llm model parameter {name} = {text!r}: accepted: true, false")
+    return FLAG_VALUES[v]
 
 
 def read_token_file(path: str) -> str:
@@ -211,6 +227,7 @@ class Counters:
     step_errors: int = 0
     totals: StepTotals = field(default_factory=StepTotals)  # the executor's steps, added up
     deliver_ms: float = 0.0  # the loop's own time delivering each step's outputs to the senders
+    deliver_cpu_ms: float = 0.0  # the loop thread's CPU time in it (the rest: waiting on the server, the GIL, a core)
 
 
 class ResponseSender:

@@ -34,7 +34,8 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -58,7 +59,7 @@ from control.executors.reference.policy_calls import PolicyCalls
 from control.executors.reference.requests import UNSEEDED, GenerationResult, Request
 from control.executors.reference.sampler import Sampler
 from control.executors.reference.sampling import PositionNoise
-from control.executors.reference.slots import SlotTable
+from control.executors.reference.slots import SlotTable, ViewRows
 from control.executors.step.kernel import run_step, step_outcome
 from control.executors.step.ngram import lookup_avail
 from control.executors.step.stop import StopRules, apply_stop
@@ -71,6 +72,7 @@ from control.policy.types import Decision, Policy, StepView
 __all__ = ["EngineConfig", "GenerationResult", "PlainDecoding", "ReferenceEngine"]
 
 I64 = np.int64
+CLOSE_WAIT_S = 5.0  # close(): how long to wait for a running step before leaving the worker to end alone
 PlainDecoding = NonePolicy  # the policy of an engine given none: never speculate, never prefill drafts
 
 
@@ -216,6 +218,20 @@ class ReferenceEngine:
     def policy_worker(self):
         """The overlap worker (``overlap.py``), or None without ``EngineConfig.overlap_policy``."""
         return self.calls.worker
+
+    def close(self) -> None:
+        """End the overlap worker's thread, if any, after its job in flight; the engine must not step
+        after. A step still running after ``CLOSE_WAIT_S`` keeps its job: the thread ends after it."""
+        worker = self.calls.worker
+        if worker is None:
+            return
+        if self._step_lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
+                worker.close()
+            finally:
+                self._step_lock.release()
+        else:
+            worker.stop()
 
     @property
     def policy_errors(self) -> int:
@@ -368,17 +384,31 @@ class ReferenceEngine:
     # -- decode ----------------------------------------------------------------------------------------
     def _view(self, dec: np.ndarray, prefill_tokens: int) -> StepView:
         """Step 1: the view of the decoding slots ``dec`` (n,)."""
-        nt = self.n_tok[dec]  # (n,)
+        return self._build_view(self._view_rows(dec), prefill_tokens)
+
+    def _view_rows(self, dec: np.ndarray) -> ViewRows:
+        """The slot arrays a view of ``dec`` (n,) reads, gathered now."""
+        return ViewRows(
+            slots=dec.astype(I64), n_tok=self.n_tok[dec], k_cap=self.k_cap[dec],
+            draft_len=self.pool.draft_len[dec, : self.has_state.size], rid=self.rid[dec],
+            remaining=self.max_new[dec] - self.generated[dec], drafter=self.last_drafter[dec],
+            category=self.category[dec] if self._any_category else None, free_kv=self.pool.free_tokens(),
+            waiting=len(self.waiting), now=self.clock() - self._t0, step=self.step_no,
+            ngram_avail=self._ngram_avail(dec),
+        )
+
+    def _build_view(self, r: ViewRows, prefill_tokens: int) -> StepView:
+        """The view of gathered rows (reads only the engine's constants: any thread may call it)."""
+        nt = r.n_tok  # (n,)
         ctx = nt - 1
-        kcap = np.clip(np.minimum(self.k_cap[dec], self.max_len - nt), 0, None)  # (n,) the request's cap and room
-        lag = np.where(self.has_state[None, :], ctx[:, None] - self.pool.draft_len[dec, : self.has_state.size], 0)
+        kcap = np.clip(np.minimum(r.k_cap, self.max_len - nt), 0, None)  # (n,) the request's cap and room
+        lag = np.where(self.has_state[None, :], ctx[:, None] - r.draft_len, 0)  # (n, m)
         return build_view(
-            slots=dec.astype(I64), request_ids=self.rid[dec], ctx_lens=ctx, remaining=self.max_new[dec] - self.generated[dec],
-            k_cap=kcap, drafter=self.last_drafter[dec], draft_lag=lag.astype(I64), free_kv_slots=self.pool.free_tokens(),
-            token_budget=max(self.token_budget - prefill_tokens, int(dec.size)), max_k=self.max_k,
-            drafters=self.drafter_names, now=self.clock() - self._t0, step=self.step_no,
-            category=self.category[dec] if self._any_category else None, prefill_tokens=prefill_tokens,
-            waiting=len(self.waiting), ngram_avail=self._ngram_avail(dec),
+            slots=r.slots, request_ids=r.rid, ctx_lens=ctx, remaining=r.remaining, k_cap=kcap, drafter=r.drafter,
+            draft_lag=lag.astype(I64), free_kv_slots=r.free_kv,
+            token_budget=max(self.token_budget - prefill_tokens, int(r.slots.size)), max_k=self.max_k,
+            drafters=self.drafter_names, now=r.now, step=r.step, category=r.category, prefill_tokens=prefill_tokens,
+            waiting=r.waiting, ngram_avail=r.ngram_avail,
         )
 
     def _ngram_avail(self, dec: np.ndarray) -> np.ndarray | None:
@@ -437,13 +467,18 @@ class ReferenceEngine:
         return outputs, finished
 
     # -- overlap ---------------------------------------------------------------------------------------
-    def _next_view(self) -> StepView:
+    def _next_view(self) -> Callable[[], StepView]:
         """The requests that decode at the next step as known before this step's passes: the decoding
-        ones (those that finish in this step drop out at the next), each at least a token further."""
-        view = self._view(np.flatnonzero(self.decoding), 0)
+        ones (those that finish in this step drop out at the next), each at least a token further.
+        Their slot arrays are gathered now; the view is built by whoever calls the result (the
+        overlap worker, off the step loop)."""
+        return partial(self._view_ahead, self._view_rows(np.flatnonzero(self.decoding)))
+
+    def _view_ahead(self, rows: ViewRows) -> StepView:
+        view = self._build_view(rows, 0)
         view.ctx_lens = view.ctx_lens + 1
         view.remaining = np.maximum(view.remaining - 1, 1)
-        view.step = self.step_no + 1
+        view.step = rows.step + 1
         return view
 
     # -- commit and finish ------------------------------------------------------------------------------

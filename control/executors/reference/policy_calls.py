@@ -64,7 +64,7 @@ class PolicyCalls:
         self.worker.used += decision is not None
         return decision
 
-    def launch(self, policy: Policy, next_view: StepView) -> None:
+    def launch(self, policy: Policy, next_view: StepView | Callable[[], StepView]) -> None:
         """overlap: hand the worker the last outcome and the next step's predicted view."""
         self.worker.collect()  # a job left from a step without decoding (its decision is stale)
         held, self._held = self._held, None

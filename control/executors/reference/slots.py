@@ -4,6 +4,8 @@ its sampling parameters (S = max_batch slots, L = max_len positions per slot). T
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from control.executors.reference.requests import Request
@@ -12,6 +14,26 @@ I64 = np.int64
 NO_REQUEST = -1  # rid of a free slot
 NO_DRAFTER = -1  # last_drafter of a request that has not drafted yet
 NO_CATEGORY = -1
+
+
+@dataclass(slots=True)
+class ViewRows:
+    """What a step's view reads of the engine's mutable state, gathered for n decoding slots (copies,
+    so the engine may go on writing its arrays while another thread builds the view from these)."""
+
+    slots: np.ndarray  # (n,) int64
+    n_tok: np.ndarray  # (n,)
+    k_cap: np.ndarray  # (n,)
+    draft_len: np.ndarray  # (n, m) each drafter's cached tokens
+    rid: np.ndarray  # (n,)
+    remaining: np.ndarray  # (n,) max_tokens - generated
+    drafter: np.ndarray  # (n,) last drafter
+    category: np.ndarray | None  # (n,), None while no request carries one
+    free_kv: int
+    waiting: int
+    now: float  # the engine's clock, seconds since start
+    step: int
+    ngram_avail: np.ndarray | None = None  # (n,) the n-gram lookup's proposal at max_k; None: no n-gram drafter
 
 
 class SlotTable:

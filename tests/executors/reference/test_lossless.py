@@ -155,7 +155,11 @@ def test_policy_off_the_critical_path(loaded, prompts, reference, spec):
     assert_same(out, reference)
     assert eng.policy_errors == 0
     worker = eng.policy_worker
-    worker.close()  # collects the job the drained engine left in flight
+    eng.close()  # collects the job the drained engine left in flight and ends the worker's thread
+    worker.thread.join(5)
+    assert not worker.thread.is_alive()
+    assert 0 < worker.cpu_ms <= worker.busy_ms + 1  # CPU time within wall time (clock granularity)
+    assert 0 <= worker.wait_ms
     decode_steps = eng.step_no
     assert worker.jobs >= decode_steps - 3  # a job per decode step (none before the first)
     assert threads.count("policy-worker") == worker.jobs

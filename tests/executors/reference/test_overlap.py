@@ -20,7 +20,7 @@ def prepared(decision=None) -> Prepared:
     pred = view([0, 2, 5, 7], [10, 12, 15, 17])
     d = decision or Decision(np.array([1, 2, 3, 4]), np.array([0, 1, 0, 1]), conf_cut=np.array([0.1, 0.2, 0.3, 0.4]),
                              prefill_drafter=1)
-    return Prepared(policy=None, view=pred, decision=d, errors=[], busy_s=0.0)
+    return Prepared(policy=None, view=pred, decision=d, errors=[], busy_s=0.0, cpu_s=0.0)
 
 
 def test_the_same_requests_take_the_decision_whole():
