@@ -66,6 +66,10 @@ class Framework:
     host_token_us: host time per generated token (output processing, detokenisation, streaming).
     draft_host_prep: every draft pass prepares its inputs on the host (``host_seq_us`` per sequence
         per pass), as vLLM's MultiStepWorker did before it prepared draft steps on the GPU.
+    draft_step_host_prep: the first draft pass of every speculative step prepares its inputs on the
+        host (``host_seq_us`` per drafting sequence, once per step); later passes advance on the GPU.
+    async_output: a deployment without speculation overlaps the per-token output processing
+        (``host_token_us``) with the next pass; with a draft model configured it stays serial.
     """
 
     name: str
@@ -78,6 +82,8 @@ class Framework:
     host_seq_us: float = 0.0
     host_token_us: float = 0.0
     draft_host_prep: bool = False
+    draft_step_host_prep: bool = False
+    async_output: bool = False
 
 
 VLLM_HOST_SEQ_US = 35.0
@@ -115,6 +121,23 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
                   "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
+        # vLLM 0.6 (autumn 2024, when TurboSpec was written), as TurboSpec ran it; the terms that
+        # differ from ``vllm`` come from vLLM's source and the TurboSpec paper:
+        # - verification: one multi-token query per request (TurboSpec section 5.3: "each request
+        #   verifies multiple tokens, resulting in a computation pattern that resembles prefill"; vLLM
+        #   0.6's MQAScorer), not batch expansion;
+        # - async output processing (vLLM 0.6.0, the v0.6.0 blog's "async output processing") hides the
+        #   per-token output processing behind the next pass, but vllm/config.py switches it off when a
+        #   speculative model is configured ("Async output processing is not supported with
+        #   speculative decoding currently"): Org overlaps it, every speculative deployment pays it;
+        # - the draft's first pass of each step is prepared on the host by the worker's
+        #   prepare_model_input (vllm/spec_decode/multi_step_worker.py, draft_model_runner.py: the GPU
+        #   advance_step covers steps 2..k only).
+        Framework("vllm-0.6", 0.8, 3.0, 15.0, 0.80,
+                  "vLLM 0.6 as TurboSpec ran it: multi-query verification, async output processing without "
+                  "speculation only, the first draft pass of each step prepared on the host",
+                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US,
+                  draft_step_host_prep=True, async_output=True),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )
