@@ -121,22 +121,24 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
                   "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
-        # vLLM 0.6 (autumn 2024, when TurboSpec was written), as TurboSpec ran it; the terms that
-        # differ from ``vllm`` come from vLLM's source and the TurboSpec paper:
-        # - verification: one multi-token query per request (TurboSpec section 5.3: "each request
-        #   verifies multiple tokens, resulting in a computation pattern that resembles prefill"; vLLM
-        #   0.6's MQAScorer), not batch expansion;
-        # - async output processing (vLLM 0.6.0, the v0.6.0 blog's "async output processing") hides the
-        #   per-token output processing behind the next pass, but vllm/config.py switches it off when a
-        #   speculative model is configured ("Async output processing is not supported with
-        #   speculative decoding currently"): Org overlaps it, every speculative deployment pays it;
+        # vLLM 0.6 (autumn 2024, when TurboSpec was written), as TurboSpec ran it: ``vllm`` plus two
+        # terms from vLLM's source that treat a deployment with a draft model differently from one
+        # without:
+        # - async output processing (vLLM 0.6.0) hides the per-token output processing behind the
+        #   next pass, but vllm/config.py switches it off when a speculative model is configured
+        #   ("Async output processing is not supported with speculative decoding currently"): Org
+        #   overlaps it, every speculative deployment pays it;
         # - the draft's first pass of each step is prepared on the host by the worker's
         #   prepare_model_input (vllm/spec_decode/multi_step_worker.py, draft_model_runner.py: the GPU
-        #   advance_step covers steps 2..k only).
+        #   advance_step covers passes 2..k only).
+        # Verification stays batch expansion: SpecDecodeWorker.create_worker falls back from the
+        # MQAScorer to BatchExpansionTop1Scorer when the target does not run eagerly (CUDA graphs are
+        # on by default) and where the draft's max_model_len is below the target's (Llama-160M 2048,
+        # Vicuna-7B/13B 4096).
         Framework("vllm-0.6", 0.8, 3.0, 15.0, 0.80,
-                  "vLLM 0.6 as TurboSpec ran it: multi-query verification, async output processing without "
-                  "speculation only, the first draft pass of each step prepared on the host",
-                  host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US,
+                  "vLLM 0.6 as TurboSpec ran it: as vllm, with async output processing without speculation "
+                  "only and the first draft pass of each step prepared on the host",
+                  verify_expansion=True, host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US,
                   draft_step_host_prep=True, async_output=True),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
