@@ -17,8 +17,9 @@ per-layer kernel overhead, and with tensor parallelism two all-reduces per layer
 What a framework adds under load (``Framework``): verification by batch expansion (vLLM's 2024
 scorer: every verified token reads its request's KV again), and host time serial with the GPU per
 sequence in a pass (the profile's per-request term ``d``) and per generated token (the simulator's
-``host_token_ms``). These are what make speculation stop paying at moderate load on vLLM
-(docs/validation.md).
+``host_token_ms``); in vLLM 0.6 also output processing a deployment without speculation hides behind
+the next pass but a speculative one pays, and the host preparation of each step's first draft pass.
+These are what make speculation stop paying at moderate load on vLLM (docs/validation.md).
 
 Ceilings prefer measured values (``GpuSku.measured_*``, DESIGN.md section 6); a SKU without
 measurements uses its datasheet figures scaled by the H100's measured / datasheet ratio (the share
