@@ -4,7 +4,9 @@ TurboSpec (Tables 1-5) serves Vicuna-7B/13B + Llama-160M on one L40S, Vicuna-33B
 Llama-160M on two H100s and Llama-3.1-70B (TP 4) + Llama-3.2-1B on four H100s, on vLLM, with
 Poisson arrivals and greedy sampling. For every draft-model row we can model (ShareGPT and Sonnet;
 the PLD rows draft on the CPU, which we have no cost figure for) this script builds a roofline
-profile of the pair with the vLLM framework constants (batch-expansion verification included),
+profile of the pair with the framework constants of the vLLM TurboSpec ran (``vllm-0.6``: batch-expansion
+verification, async output processing without speculation only, host preparation of each step's
+first draft pass; ``--framework vllm`` for SmartSpec's mid-2024 vLLM),
 draws lengths from Table 2 (lognormal with the table's mean and deviation), fixes the token
 acceptance at Table 3's rate, simulates Org (k = 0) and k = 1, 3, 5, 7 at the table's QPS, and
 compares with the paper:
@@ -19,6 +21,7 @@ There is no per-table constant: the hardware, model shapes, framework and length
 inputs.
 
     python benchmarks/validate_turbospec_tables.py [--requests 1000] [--seeds 1] [--rows l40s-7b-sharegpt,...]
+        [--framework vllm-0.6|vllm|vllm-mqa] [--verify framework|expansion|mqa]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from control.bench.acceptance import AcceptanceTable  # noqa: E402
 from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_at  # noqa: E402
 from control.bench.workloads import poisson  # noqa: E402
 from control.buildsys.roofline import Framework, roofline_profile, scaled_framework  # noqa: E402
+from control.errors import ConfigError  # noqa: E402
 
 CONFIGS = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7")
 LABELS = ("Org", "k=1", "k=3", "k=5", "k=7")
@@ -212,7 +216,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--framework", default="vllm")
+    ap.add_argument("--framework", default="vllm-0.6", help="roofline framework (control/buildsys/roofline.py FRAMEWORKS)")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiply the framework's host time per sequence and per token (sensitivity)")
     ap.add_argument("--draft-host-prep", choices=("framework", "on", "off"), default="framework",
@@ -227,12 +231,15 @@ def main() -> None:
     unknown = sorted(set(want) - {r.key for r in ROWS})
     if unknown:
         raise SystemExit(f"--rows: unknown {', '.join(unknown)}; known: {', '.join(r.key for r in ROWS)}")
+    try:
+        fw = scaled_framework(args.framework, args.host_scale, DRAFT_HOST_PREP[args.draft_host_prep])
+    except ConfigError as e:
+        raise SystemExit(f"--framework/--host-scale: {e}") from None
+    expansion = {"framework": None, "expansion": True, "mqa": False}[args.verify]
     results = []
     for row in ROWS:
         if row.key not in want:
             continue
-        expansion = {"framework": None, "expansion": True, "mqa": False}[args.verify]
-        fw = scaled_framework(args.framework, args.host_scale, DRAFT_HOST_PREP[args.draft_host_prep])
         sim = simulate(row, args.requests, args.seeds, fw, expansion)
         cmp = compare(row, sim)
         results.append((row, sim, cmp))

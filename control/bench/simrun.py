@@ -91,7 +91,21 @@ class SimSetup:
         return SimConfig(max_batch=self.max_batch or lim.max_batch, kv_tokens=lim.kv_tokens or (1 << 40),
                          token_budget=lim.token_budget or 8192, max_k=self.max_k,
                          chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed,
-                         verify_expansion=self.expands_verify, host_token_ms=self.host_token_ms)
+                         verify_expansion=self.expands_verify, host_token_ms=self.host_token_ms,
+                         output_async=bool(self._framework.get("async_output", False)),
+                         draft_step_prep_ms=self.draft_step_prep_ms)
+
+    @property
+    def _framework(self) -> dict:
+        fw = self.profile.environment.get("framework")
+        return fw if isinstance(fw, dict) else {}
+
+    @property
+    def draft_step_prep_ms(self) -> float:
+        """Host time per drafting request per step of a framework that prepares each step's first draft
+        pass on the host (roofline profiles; 0 otherwise)."""
+        fw = self._framework
+        return float(fw.get("host_seq_us", 0.0)) / 1000.0 if fw.get("draft_step_host_prep") else 0.0
 
     @property
     def host_token_ms(self) -> float:

@@ -17,8 +17,9 @@ per-layer kernel overhead, and with tensor parallelism two all-reduces per layer
 What a framework adds under load (``Framework``): verification by batch expansion (vLLM's 2024
 scorer: every verified token reads its request's KV again), and host time serial with the GPU per
 sequence in a pass (the profile's per-request term ``d``) and per generated token (the simulator's
-``host_token_ms``). These are what make speculation stop paying at moderate load on vLLM
-(docs/validation.md).
+``host_token_ms``); in vLLM 0.6 also output processing a deployment without speculation hides behind
+the next pass but a speculative one pays, and the host preparation of each step's first draft pass.
+These are what make speculation stop paying at moderate load on vLLM (docs/validation.md).
 
 Ceilings prefer measured values (``GpuSku.measured_*``, DESIGN.md section 6); a SKU without
 measurements uses its datasheet figures scaled by the H100's measured / datasheet ratio (the share
@@ -66,6 +67,10 @@ class Framework:
     host_token_us: host time per generated token (output processing, detokenisation, streaming).
     draft_host_prep: every draft pass prepares its inputs on the host (``host_seq_us`` per sequence
         per pass), as vLLM's MultiStepWorker did before it prepared draft steps on the GPU.
+    draft_step_host_prep: the first draft pass of every speculative step prepares its inputs on the
+        host (``host_seq_us`` per drafting sequence, once per step); later passes advance on the GPU.
+    async_output: a deployment without speculation overlaps the per-token output processing
+        (``host_token_us``) with the next pass; with a draft model configured it stays serial.
     """
 
     name: str
@@ -78,6 +83,8 @@ class Framework:
     host_seq_us: float = 0.0
     host_token_us: float = 0.0
     draft_host_prep: bool = False
+    draft_step_host_prep: bool = False
+    async_output: bool = False
 
 
 VLLM_HOST_SEQ_US = 35.0
@@ -115,6 +122,25 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
                   "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
+        # vLLM 0.6 (autumn 2024, when TurboSpec was written), as TurboSpec ran it: ``vllm`` plus two
+        # terms from vLLM's source that treat a deployment with a draft model differently from one
+        # without:
+        # - async output processing (vLLM 0.6.0) hides the per-token output processing behind the
+        #   next pass, but vllm/config.py switches it off when a speculative model is configured
+        #   ("Async output processing is not supported with speculative decoding currently"): Org
+        #   overlaps it, every speculative deployment pays it;
+        # - the draft's first pass of each step is prepared on the host by the worker's
+        #   prepare_model_input (vllm/spec_decode/multi_step_worker.py, draft_model_runner.py: the GPU
+        #   advance_step covers passes 2..k only).
+        # Verification stays batch expansion: SpecDecodeWorker.create_worker falls back from the
+        # MQAScorer to BatchExpansionTop1Scorer when the target does not run eagerly (CUDA graphs are
+        # on by default) and where the draft's max_model_len is below the target's (Llama-160M 2048,
+        # Vicuna-7B/13B 4096).
+        Framework("vllm-0.6", 0.8, 3.0, 15.0, 0.80,
+                  "vLLM 0.6 as TurboSpec ran it: as vllm, with async output processing without speculation "
+                  "only and the first draft pass of each step prepared on the host",
+                  verify_expansion=True, host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US,
+                  draft_step_host_prep=True, async_output=True),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )

@@ -77,6 +77,10 @@ class SimConfig:
     host_token_ms: float = 0.0  # host time per generated token (output processing), serial with the GPU
     verify: VerifyGranularity = PER_REQUEST  # what the simulated target verifies (padded: K + 1 whatever k)
     prefill_one_drafter: bool = False  # draft prefill for Decision.prefill_drafter only (reference executor)
+    # a deployment without speculation (policy ``none``) overlaps the per-token output processing with
+    # the pass's GPU time (vLLM 0.6's async output processing, off once a draft model is configured)
+    output_async: bool = False
+    draft_step_prep_ms: float = 0.0  # host time per drafting request, once per step (the first draft pass)
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_tokens", "token_budget"):
@@ -84,8 +88,10 @@ class SimConfig:
                 raise ConfigError(f"sim {name} = {getattr(self, name)!r}: must be >= 1")
         if not 0 <= self.max_k <= MAX_K:
             raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..{MAX_K}")
-        if not (math.isfinite(self.host_token_ms) and self.host_token_ms >= 0):
-            raise ConfigError(f"sim host_token_ms = {self.host_token_ms!r}: must be a finite number >= 0")
+        for name in ("host_token_ms", "draft_step_prep_ms"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"sim {name} = {v!r}: must be a finite number >= 0")
 
 
 @dataclass
@@ -131,6 +137,7 @@ class _Run:
     tally: Tally
     has_prune: bool
     fast_plain: bool  # ``none`` without noise or padding: plain stretches run in closed form
+    async_out: bool  # output processing overlaps the pass (SimConfig.output_async under ``none``)
     zeros: np.ndarray  # (S,) shared zeros (never written)
     k_cap: np.ndarray  # (S,) max_k for every slot (StepView.k_cap)
     pmask: np.ndarray | None = None  # (m,) drafters that prefill new prompts (latest decision)
@@ -311,6 +318,7 @@ class SimEngine:
             tally=Tally(max(cfg.max_k, 1), S, cfg.record_series),
             has_prune=callable(getattr(policy, "prune", None)),
             fast_plain=isinstance(policy, NonePolicy) and not cfg.noise and not cfg.verify.always,
+            async_out=cfg.output_async and isinstance(policy, NonePolicy),
             zeros=np.zeros(S, dtype=I64), k_cap=np.full(S, cfg.max_k, dtype=I64),
         )
         self._slots = r.slots
@@ -342,7 +350,7 @@ class SimEngine:
         chosen, clen = pending[:take], lens[:take]
         tok = int(clen.sum())
         t = self._noisy(cost.target.predict(0.0, tok, 1, chosen.size) + cost.overhead_ms, self._sigma_t)
-        t += cfg.host_token_ms * chosen.size  # each prompt's first token
+        t += self._serial_output_ms(r, cfg.host_token_ms * chosen.size, t - cost.target.d * chosen.size)  # first tokens
         t += self._draft_prefill_ms(0.0, tok, r.pmask, int(chosen.size))
         r.clock.now += t / 1000.0
         r.res.busy_s += t / 1000.0
@@ -373,6 +381,7 @@ class SimEngine:
         t_verify = self._verify_ms(r, ctx, sp, chunk_prior, ch_tok, chunks.size)
         t_pref_draft = self._chunk_prefill_ms(r, chunks, chunk_len, chunk_prior, ch_tok)
         t_host = self.cfg.host_token_ms * float(sp.gen_step.sum()) if n else 0.0  # output processing, after the pass
+        t_host = self._serial_output_ms(r, t_host, t_verify - self.cost.target.d * (n + chunks.size))
         t_total = sp.t_draft + t_verify + t_host + t_pref_draft
         r.clock.now += t_total / 1000.0
         r.res.busy_s += t_total / 1000.0
@@ -387,6 +396,12 @@ class SimEngine:
         if ch_tok:
             retire = np.concatenate([retire, chunks])
         self._retire(r, retire)
+
+    @staticmethod
+    def _serial_output_ms(r: _Run, host_ms: float, gpu_ms: float) -> float:
+        """The output processing a pass adds: all of it, or with async output processing what the
+        pass's GPU time does not hide."""
+        return max(host_ms - gpu_ms, 0.0) if r.async_out else host_ms
 
     # -- pieces of a decode step ----------------------------------------------------------------------
     def _view(self, r: _Run, dec, rid, ctx, rem, gen0) -> StepView:
@@ -463,6 +478,8 @@ class SimEngine:
         # a lookup that finds nothing still pays for looking
         td, fc, fb, fp = self._draft_cost(d, ctx[sel], psel if self._stateful[d] else k_asked, lag)
         sp.ms += self._noisy(td, self._sigma_d[d])
+        if self._stateful[d]:  # the first draft pass is prepared on the host for every drafting request
+            sp.ms += self.cfg.draft_step_prep_ms * sel.size
         sp.ctx_tokens += fc
         sp.batched_tokens += fb
         sp.passes += fp
@@ -637,7 +654,10 @@ class SimEngine:
         horizon = int(rem.min())
         s_idx = np.arange(horizon, dtype=np.float64)  # (horizon,) steps ahead
         c0 = float(ctx.sum())
-        t_ms = tgt.a * (c0 + s_idx * n) + (tgt.b + tgt.d + self.cfg.host_token_ms) * n + tgt.c + self.cost.overhead_ms
+        t_gpu = tgt.a * (c0 + s_idx * n) + tgt.b * n + tgt.c + self.cost.overhead_ms  # (horizon,)
+        t_out = self.cfg.host_token_ms * n
+        t_out = np.maximum(t_out - t_gpu, 0.0) if r.async_out else t_out
+        t_ms = t_gpu + tgt.d * n + t_out
         ends = now + np.cumsum(t_ms) / 1000.0  # (horizon,) clock at the end of each step
         j = horizon
         if r.next < self.arr.shape[0] and self.arr[r.next] > now:
