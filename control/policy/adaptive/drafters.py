@@ -60,9 +60,10 @@ class DrafterChoice:
         self._b_key: StepCostModel | None = None
         self._b_arr = np.zeros(m)
 
-    def assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel) -> None:
+    def assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel, held_steps: int = 0) -> None:
         """Fill ``sp.d_ctx``, ``d_exec``, ``lag`` and ``uniform`` (``to_exec`` (m,): plan -> executor
-        drafter index, -1 where the executor lacks it)."""
+        drafter index, -1 where the executor lacks it; ``held_steps``: steps the last assignment
+        was held without consulting the bandit, which its clock counts)."""
         view, n = sp.view, sp.n
         if self.bandit is None:  # one drafter for everyone: no gathers
             e = max(int(to_exec[self.ctx.default]), 0) if to_exec.size else 0
@@ -70,8 +71,9 @@ class DrafterChoice:
                 self._default_col = np.full(max(n, 2 * self._default_col.size), self.ctx.default, dtype=I64)
             sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = self._default_col[:n], np.full(n, e, dtype=I64), view.draft_lag[:, e], True
             return
+        self.bandit.advance(held_steps)
         switch_cost = None
-        if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
+        if self.bandit.matches_next():  # only the matching uses it
             lag_ctx = view.draft_lag[:, np.maximum(to_exec, 0)]  # (n, m)
             switch_cost = lag_ctx * self._per_token_b(cost)
         allowed = self._allowed(to_exec)
@@ -90,6 +92,17 @@ class DrafterChoice:
             return
         d_exec = np.maximum(to_exec[d_ctx], 0)  # (n,)
         sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = d_ctx, d_exec, view.draft_lag[np.arange(n), d_exec], False
+
+    def newcomer(self) -> int:
+        """The plan drafter for a request that arrives before the next full decision, as the bandit
+        would choose it without a draw: the likeliest best while exploring, else the best pooled
+        estimate (-1: no bandit, the drafter most requests use)."""
+        b = self.bandit
+        if b is None:
+            return -1
+        if b.exploring and b.explore_p is not None and b.explore_p.any():
+            return int(np.argmax(b.explore_p))
+        return b.best_new()
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
         """(m,) bool: the plan's drafters the executor runs (the same array while the map is)."""
