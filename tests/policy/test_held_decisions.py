@@ -1,5 +1,7 @@
 """``adaptive``'s fast path: full decisions every few steps, look-ups between, outcomes learned in order."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -164,14 +166,15 @@ def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_as_litt
     for every in (None, 8):
         trials, pol = _two_drafter_sim(every, seed)
         assert pol.held.every == (2 if every is None else every)
-        assert trials[0] > 100 and trials[1] >= 10  # both were tried
+        assert trials[0] > 100 and trials[1] > 0  # both were tried
         assert trials[1] < 0.01 * trials.sum(), (every, trials)
         assert abs(pol.bandit.epoch - pol1.bandit.epoch) <= 1  # the same stages in steps
 
 
 def test_a_request_arriving_between_refreshes_stays_on_its_drafter_in_the_bandit():
     """With several drafters a newcomer drafts with the bandit's choice for a request without
-    estimates, and the bandit keeps it there mid-stage instead of re-deciding at the next refresh."""
+    estimates, and the bandit keeps it there mid-stage instead of re-deciding at the next refresh.
+    (No outcomes: the estimates do not move, so step 1 is a look-up.)"""
     plan = compile_plan(make_profile(), max_k=K)
     pol = AdaptivePolicy(PolicyContext.from_plan(plan), seed=1, refresh_every=8)
     drafters = tuple(plan.drafters)
@@ -189,3 +192,25 @@ def test_a_request_arriving_between_refreshes_stays_on_its_drafter_in_the_bandit
     assert d.drafter[2] == pol._to_exec[want] and not np.isfinite(d.predicted_step_ms)
     pol.flush()
     assert pol.bandit.assigned[2] == want
+
+
+def test_with_several_drafters_a_full_decision_every_step_while_the_outcomes_still_move_the_estimates():
+    plan = compile_plan(make_profile(), max_k=K)
+    pol = AdaptivePolicy(PolicyContext.from_plan(plan), seed=1, refresh_every=8)
+    one = _policy(8)  # one drafter: the period alone
+    rng = np.random.default_rng(0)
+    full = {"several": [], "one": []}
+    for step in range(120):
+        for key, p in (("several", pol), ("one", one)):
+            v = StepView.build(slots=np.arange(4), request_ids=np.arange(4), ctx_lens=np.full(4, 400 + step),
+                               remaining=np.full(4, 300), drafters=tuple(p.ctx.drafters), max_k=K,
+                               free_kv_slots=10**6, token_budget=8192, step=step)
+            d = p.decide(v)
+            full[key].append(bool(np.isfinite(d.predicted_step_ms)))
+            drafted = np.maximum(d.k, 1)
+            out = _outcome(v, drafted, np.minimum(rng.integers(0, 4, 4), drafted), rng)
+            p.observe(replace(out, drafter=d.drafter))
+    several, one_drafter = np.array(full["several"]), np.array(full["one"])
+    assert several[:8].all()  # the first steps' outcomes are a large share of all learned
+    assert not several[-40:].all() and several[-40:].sum() >= 40 // 8  # later the period (or sooner)
+    assert one_drafter.sum() == 120 // 8  # one drafter: every 8 steps from the first

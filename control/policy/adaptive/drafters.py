@@ -96,13 +96,13 @@ class DrafterChoice:
     def newcomer(self) -> int:
         """The plan drafter for a request that arrives before the next full decision, as the bandit
         would choose it without a draw: the likeliest best while exploring, else the best pooled
-        estimate (-1: no bandit, the drafter most requests use)."""
+        estimate (-1: no bandit, or nothing to go on yet: the drafter most requests use)."""
         b = self.bandit
         if b is None:
             return -1
-        if b.exploring and b.explore_p is not None and b.explore_p.any():
-            return int(np.argmax(b.explore_p))
-        return b.best_new()
+        if b.exploring:
+            return int(np.argmax(b.explore_p)) if b.explore_p is not None and b.explore_p.any() else -1
+        return b.best_new() if b.pool_cnt.any() else -1
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
         """(m,) bool: the plan's drafters the executor runs (the same array while the map is)."""

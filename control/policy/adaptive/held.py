@@ -33,6 +33,10 @@ REFRESH_EVERY = 8  # steps between full decisions (the optimiser, the bandit, th
 BANDIT_REFRESH_EVERY = 2  # the same while the drafter bandit chooses among several drafters: held for 8,
 # the exact replay of the CPU pair (three drafters) lost 0.2-0.4% at batch 1-4 against deciding every
 # step (held k lags each request's fast-moving posterior); held for 2 it is within 0.03% there
+MOVE_FRACTION = 0.05  # with several drafters, a full decision as well once the queued outcomes hold more
+# draft trials than this share of those learned: early in a run, when a step's outcomes still move the
+# estimates (held over a start without matches, n-gram lookup looked dead to the drafter bandit's
+# exploration for a whole stage: the exact replay of the CPU pair at batch 32, 0.90 of the best fixed k)
 RATE_BUCKETS = 32  # acceptance-rate buckets of the draft-length table
 NO_CUT = 0.0  # a raw confidence cut that never stops a draft (running confidences are > 0)
 

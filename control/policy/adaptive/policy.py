@@ -39,7 +39,7 @@ from control.goodput.stepcost import StepCostModel
 from control.policy.adaptive.cuts import confidence_cuts
 from control.policy.adaptive.drafters import DrafterChoice
 from control.policy.adaptive.gate_stage import GateStage
-from control.policy.adaptive.held import BANDIT_REFRESH_EVERY, REFRESH_EVERY, HeldDecisions
+from control.policy.adaptive.held import BANDIT_REFRESH_EVERY, MOVE_FRACTION, REFRESH_EVERY, HeldDecisions
 from control.policy.adaptive.optimise import Optimiser
 from control.policy.adaptive.probes import probe_unmeasured
 from control.policy.adaptive.refit import CostRefit
@@ -83,6 +83,11 @@ class AdaptivePolicy(BasePolicy):
         every = self._every or (REFRESH_EVERY if self.choice.bandit is None else BANDIT_REFRESH_EVERY)
         self.held = HeldDecisions(slots, len(ctx.drafters), K, every)
         self._held_steps = 0  # look-up steps since the last full decision (the bandit's clock counts them)
+        # with several drafters, early outcomes decide which drafter the bandit explores for a whole
+        # stage: a full decision as well while the queued outcomes would still move the estimates
+        self._watch_moves = self.choice.bandit is not None
+        self._trials_queued = 0  # draft tokens verified in the queued outcomes (while watched)
+        self._trials_learned = 0  # ... in the outcomes learned so far
         self._pending: list[tuple[Any, ...]] = []  # outcomes and slot resets not learned yet, in order
         # per slot, grown together (``_grow_slots``): the k the last decision asked for, and the one before
         # (its outcome may arrive after this step's decision, ``OneStepStale``)
@@ -203,7 +208,8 @@ class AdaptivePolicy(BasePolicy):
         if not self.verify.per_request:  # the target pads drafts or verifies per batch
             self.flush()
             return self._granular(view, cap)
-        if not self.held.due(n, view.step, self._to_exec):  # the fast path: look up, no estimates
+        moved = self._watch_moves and self._trials_queued > MOVE_FRACTION * self._trials_learned
+        if not (moved or self.held.due(n, view.step, self._to_exec)):  # the fast path: look up, no estimates
             k, d_exec, cut = self.held.lookup(view.slots, cap)
             self._held_steps += 1
             return Decision(k, d_exec, conf_cut=cut, prefill_draft=True, prefill_drafter=self.prefill_drafter())
@@ -304,6 +310,8 @@ class AdaptivePolicy(BasePolicy):
             self._learn(outcome, d_ctx, asked)
             return
         o = outcome  # the executor may reuse its arrays: keep copies of what learning reads
+        if self._watch_moves:
+            self._trials_queued += int(o.verified.sum())
         self._pending.append((o, (o.slots.copy(), o.ctx_lens.copy(), o.drafted.copy(), o.verified.copy(),
                                   o.accepted.copy(), None if o.confidence is None else o.confidence.copy(),
                                   None if o.category is None else o.category.copy()), d_ctx, asked))
@@ -314,6 +322,8 @@ class AdaptivePolicy(BasePolicy):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
+        self._trials_learned += self._trials_queued
+        self._trials_queued = 0
         rows = PooledRows(self.K)
         for item in pending:
             if item[0] is None:
