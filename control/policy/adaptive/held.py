@@ -3,8 +3,10 @@
 A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
 ``REFRESH_EVERY`` steps after it, when the batch size leaves its power-of-two bucket, when the
 executor's drafters or the gate's state changed (every ``BANDIT_REFRESH_EVERY`` steps while the
-drafter bandit chooses among several drafters; its clock counts the held steps, ``bandit.py``). It leaves, per slot, the request's draft length,
-drafter and confidence cut, and per drafter d a table of draft lengths over the acceptance rate:
+drafter bandit chooses among several drafters, and every step while the queued outcomes would still
+move its estimates, ``MOVE_FRACTION``; the bandit's clock counts the held steps, ``bandit.py``).
+It leaves, per slot, the request's draft length, drafter and confidence cut, and per drafter d a
+table of draft lengths over the acceptance rate:
 
     tau_d = (upper) median over requests r on d of  g * next_cost_r / w_r   (the optimiser's marginal
             condition: one more token of survival p pays iff w_r * p >= g * next_cost_r)
@@ -12,7 +14,8 @@ drafter and confidence cut, and per drafter d a table of draft lengths over the 
 
 with S_d the drafter's survival curve at that rate (``AcceptanceModel.survival_of``'s formula).
 Between refreshes a step only looks up: k = min(held k of the slot, cap); a request that arrived
-since the last refresh takes the drafter most requests drafted with and table[d, bucket(d's pooled
+since the last refresh takes the drafter most requests drafted with (with the bandit, the one it
+would give a request without estimates, ``DrafterChoice.newcomer``) and table[d, bucket(d's pooled
 rate)], its prior's draft length, at most the refresh's deepest draft (the table prices tokens,
 not the draft passes a deeper draft adds to everyone's step). The outcomes of those steps are
 queued in order and learned at the next refresh (``AdaptivePolicy.flush``), so the estimators end
@@ -30,13 +33,11 @@ from control.policy.adaptive.survival import AcceptanceModel
 from control.policy.base import I64
 
 REFRESH_EVERY = 8  # steps between full decisions (the optimiser, the bandit, the cuts)
-BANDIT_REFRESH_EVERY = 2  # the same while the drafter bandit chooses among several drafters: held for 8,
-# the exact replay of the CPU pair (three drafters) lost 0.2-0.4% at batch 1-4 against deciding every
-# step (held k lags each request's fast-moving posterior); held for 2 it is within 0.03% there
-MOVE_FRACTION = 0.05  # with several drafters, a full decision as well once the queued outcomes hold more
-# draft trials than this share of those learned: early in a run, when a step's outcomes still move the
-# estimates (held over a start without matches, n-gram lookup looked dead to the drafter bandit's
-# exploration for a whole stage: the exact replay of the CPU pair at batch 32, 0.90 of the best fixed k)
+BANDIT_REFRESH_EVERY = 2  # the same while the drafter bandit chooses among several drafters (a longer hold
+# lags each request's fast-moving posterior: docs/controller-cost.md, section 3, fifth round)
+MOVE_FRACTION = 0.05  # with several drafters, a full decision as well while the queued outcomes hold more
+# draft trials than this share of those learned (early in a run, when one step's outcomes still decide
+# which drafter the bandit explores for a whole stage)
 RATE_BUCKETS = 32  # acceptance-rate buckets of the draft-length table
 NO_CUT = 0.0  # a raw confidence cut that never stops a draft (running confidences are > 0)
 
