@@ -7,7 +7,11 @@ each drafter j is replicated B_j times and ``scipy.optimize.linear_sum_assignmen
 to replicas on estimated goodput minus ``switch_cost_weight`` x the cost of switching a request's
 drafter (the KV it must recompute on the new drafter).
 
-A "slot" is one engine step. Requests come and go: state is kept per executor slot and reset when
+A "slot" is one engine step the assignment is in force, whether or not the owner consults the bandit
+at that step: an owner that holds its decisions between refreshes calls ``advance`` with the steps
+the last assignment was held beyond its own, so stages and chunks last as many steps as when
+consulted every step, and a chunk or stage whose boundary fell between two consultations ends at
+the next one. Requests come and go: state is kept per executor slot and reset when
 a new request takes it; a request with no estimate for a drafter uses that drafter's pooled mean.
 
 Exploration draws drafters uniformly (SPIN) unless the owner sets ``explore_p``: then each draw
@@ -43,7 +47,9 @@ class DrafterBandit:
         self.rng = np.random.default_rng(seed)
         self.epoch = 1
         self.exploring = True
-        self.t_stage = 0
+        self.t_stage = 0  # steps of the current stage gone by
+        self._stage_no = 0  # stages begun so far (with ``t_stage``: where the clock is)
+        self._last_chunk: tuple[int, int] | None = None  # (stage, chunk) of the last assignment
         size = 64
         self.g_sum = np.zeros((size, n_drafters))
         self.g_cnt = np.zeros((size, n_drafters))
@@ -77,11 +83,21 @@ class DrafterBandit:
         self.g_cnt[slots] = 0.0
         self.assigned[slots] = -1
 
+    def hold(self, slots: np.ndarray, drafter: int) -> None:
+        """New requests in ``slots`` that the owner put on ``drafter`` without asking (between two
+        consultations): mid-stage they keep it, as if ``assign`` had put them there."""
+        self.assigned[slots] = drafter
+
     def estimates(self, slots: np.ndarray) -> np.ndarray:
         """Estimated goodput per (request, drafter); pooled drafter means where a request has none."""
         pooled = np.where(self.pool_cnt > 0, self.pool_sum / np.maximum(self.pool_cnt, 1), 0.0)
         cnt = self.g_cnt[slots]
         return np.where(cnt > 0, self.g_sum[slots] / np.maximum(cnt, 1), pooled[None, :])
+
+    def best_new(self) -> int:
+        """The drafter a request without estimates gets mid-exploitation (the best pooled mean)."""
+        pooled = np.where(self.pool_cnt > 0, self.pool_sum / np.maximum(self.pool_cnt, 1), 0.0)
+        return int(self._best_allowed(pooled[None, :])[0])
 
     # -- assignment ------------------------------------------------------------------------------
     def _best_allowed(self, w: np.ndarray) -> np.ndarray:
@@ -94,9 +110,41 @@ class DrafterBandit:
         cap = np.full(self.m, n, dtype=I64) if self.cap is None else np.minimum(self.cap, n)
         return cap if self._allowed is None else np.where(self._allowed, cap, 0)
 
+    def _chunk(self) -> tuple[int, int]:
+        """(stage, chunk) the clock is in; an exploitation stage is one chunk."""
+        return self._stage_no, (self.t_stage // self.beta if self.exploring else 0)
+
+    def boundary_next(self) -> bool:
+        """Whether the next ``assign`` begins a chunk or stage (draws at random, or matches)."""
+        return self._chunk() != self._last_chunk
+
     def draws_next(self) -> bool:
         """Whether the next ``assign`` starts an exploration chunk (draws drafters at random)."""
-        return self.exploring and self.t_stage % self.beta == 0
+        return self.exploring and self.boundary_next()
+
+    def matches_next(self) -> bool:
+        """Whether the next ``assign`` starts an exploitation stage (the max-weight matching)."""
+        return not self.exploring and self.boundary_next()
+
+    def advance(self, steps: int) -> None:
+        """Move the clock ``steps`` steps on: the steps the last assignment stayed in force beyond
+        the one ``assign`` counted (an owner holding its decisions between consultations)."""
+        steps = int(steps)
+        while steps > 0:
+            step = min(steps, self._stage_len() - self.t_stage)
+            self.t_stage += step
+            steps -= step
+            if self.t_stage >= self._stage_len():
+                self._next_stage()
+
+    def _next_stage(self) -> None:
+        self.t_stage = 0
+        self._stage_no += 1
+        if self.exploring:
+            self.exploring = False
+        else:
+            self.exploring = True
+            self.epoch += 1
 
     def _random(self, n: int) -> np.ndarray:
         cap = self._capacity(n)
@@ -147,7 +195,8 @@ class DrafterBandit:
 
     def assign(self, slots: np.ndarray, switch_cost: np.ndarray | None = None,
                allowed: np.ndarray | None = None) -> np.ndarray:
-        """Drafter per request for this slot (step). ``switch_cost``: (n, m) cost of moving to each;
+        """Drafter per request from this step on (the clock counts it; ``advance`` counts the steps it
+        stays in force beyond it). ``switch_cost``: (n, m) cost of moving to each;
         ``allowed``: (m,) bool, the drafters the executor runs now (default: all)."""
         slots = np.asarray(slots, dtype=I64)
         if slots.size == 0:
@@ -157,7 +206,8 @@ class DrafterBandit:
         if self.m == 1:
             self.assigned[slots] = 0
             return np.zeros(slots.size, dtype=I64)
-        boundary = self.t_stage == 0 or (self.exploring and self.t_stage % self.beta == 0)
+        boundary = self.boundary_next()
+        self._last_chunk = self._chunk()
         cur = self.assigned[slots]
         if boundary:
             new = self._random(slots.size) if self.exploring else self._matching(slots, switch_cost)
@@ -166,14 +216,7 @@ class DrafterBandit:
         if new is not cur:  # (mid-stage, everyone kept: no switches, nothing to write back)
             self.switches += int(((cur >= 0) & (cur != new)).sum())
             self.assigned[slots] = new
-        self.t_stage += 1
-        if self.t_stage >= self._stage_len():
-            self.t_stage = 0
-            if self.exploring:
-                self.exploring = False
-            else:
-                self.exploring = True
-                self.epoch += 1
+        self.advance(1)
         return new
 
     def _allowed_of(self, allowed: np.ndarray | None) -> np.ndarray | None:

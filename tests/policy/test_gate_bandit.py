@@ -335,3 +335,35 @@ def test_adaptive_keeps_the_gate_open_when_only_the_requests_own_rates_say_k_0()
     assert pol.gate.b_off > 2  # ... but the gate stays open for batches the pooled rate pays at
     pol, ks = run(history=0.0)
     assert ks[-1] == 0 and pol.gate.b_off <= 1  # nothing pays at the pooled rate either: the gate closes
+
+
+def _clock(b):
+    return b.epoch, b.exploring, b.t_stage
+
+
+def test_bandit_clock_counts_steps_however_often_it_is_consulted():
+    """Consulted every step, or every ``every`` steps with the held steps passed to ``advance``, the
+    bandit is at the same place of its stages at each consultation (exploration lasts as many
+    steps), and a chunk whose boundary fell between two consultations draws anew at the next."""
+    slots = np.arange(6)
+    for every in (3, 8, 13):
+        ref = DrafterBandit(3, None, explore_slots=32, chunk_slots=8, seed=0)
+        held = DrafterBandit(3, None, explore_slots=32, chunk_slots=8, seed=0)
+        last, draws = None, 0
+        for step in range(600):
+            if step % every == 0:
+                if step:
+                    held.advance(every - 1)
+                assert _clock(held) == _clock(ref), (every, step)
+                # a new chunk or stage began since the last consultation: exactly then it draws or matches
+                assert held.boundary_next() == (ref._chunk() != last), (every, step)
+                draws += held.draws_next()
+                last = ref._chunk()
+                held.assign(slots)
+            ref.assign(slots)
+        assert ref.epoch >= 5 and draws >= 600 // 40
+    # an exploitation stage shorter than the held steps is passed over, not stretched
+    b = DrafterBandit(2, None, explore_slots=4, chunk_slots=4, seed=0)
+    b.assign(slots)
+    b.advance(3 + 2)  # the rest of exploration, and epoch 1's 2-step exploitation
+    assert b.exploring and b.epoch == 2 and b.draws_next()

@@ -70,10 +70,12 @@ class DrafterChoice:
         self._b_key: StepCostModel | None = None
         self._b_arr = np.zeros(m)
 
-    def assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel) -> None:
+    def assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel, held_steps: int = 0) -> None:
         """Fill ``sp.d_ctx``, ``d_exec``, ``lag`` and ``uniform`` (``to_exec`` (m,): plan -> executor
-        drafter index, -1 where the executor lacks it), and cap n-gram requests at their lookup's proposal."""
-        self._assign(sp, to_exec, cost)
+        drafter index, -1 where the executor lacks it; ``held_steps``: steps the last assignment
+        was held without consulting the bandit, which its clock counts), and cap n-gram requests at
+        their lookup's proposal."""
+        self._assign(sp, to_exec, cost, held_steps)
         self.lookup_caps(sp, to_exec)
 
     def lookup_caps(self, sp: StepPlan, to_exec: np.ndarray) -> None:
@@ -93,7 +95,7 @@ class DrafterChoice:
             sp.lookup_ctx, sp.lookup_exec = i, max(int(to_exec[i]), 0) if to_exec.size else 0
             sp.lookup_curves = rates.curves()
 
-    def _assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel) -> None:
+    def _assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel, held_steps: int = 0) -> None:
         view, n = sp.view, sp.n
         if self.bandit is None:  # one drafter for everyone: no gathers
             e = max(int(to_exec[self.ctx.default]), 0) if to_exec.size else 0
@@ -101,8 +103,9 @@ class DrafterChoice:
                 self._default_col = np.full(max(n, 2 * self._default_col.size), self.ctx.default, dtype=I64)
             sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = self._default_col[:n], np.full(n, e, dtype=I64), view.draft_lag[:, e], True
             return
+        self.bandit.advance(held_steps)
         switch_cost = None
-        if not self.bandit.exploring and self.bandit.t_stage == 0:  # only the matching uses it
+        if self.bandit.matches_next():  # only the matching uses it
             lag_ctx = view.draft_lag[:, np.maximum(to_exec, 0)]  # (n, m)
             switch_cost = lag_ctx * self._per_token_b(cost)
         allowed = self._allowed(to_exec)
@@ -121,6 +124,17 @@ class DrafterChoice:
             return
         d_exec = np.maximum(to_exec[d_ctx], 0)  # (n,)
         sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = d_ctx, d_exec, view.draft_lag[np.arange(n), d_exec], False
+
+    def newcomer(self) -> int:
+        """The plan drafter for a request that arrives before the next full decision, as the bandit
+        would choose it without a draw: the likeliest best while exploring, else the best pooled
+        estimate (-1: no bandit, or nothing to go on yet: the drafter most requests use)."""
+        b = self.bandit
+        if b is None:
+            return -1
+        if b.exploring:
+            return int(np.argmax(b.explore_p)) if b.explore_p is not None and b.explore_p.any() else -1
+        return b.best_new() if b.pool_cnt.any() else -1
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
         """(m,) bool: the plan's drafters the executor runs (the same array while the map is)."""

@@ -2,9 +2,11 @@
 
 A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
 ``REFRESH_EVERY`` steps after it, when the batch size leaves its power-of-two bucket, when the
-executor's drafters or the gate's state changed (``AdaptivePolicy`` refreshes every step while its
-drafter bandit chooses among several drafters). It leaves, per slot, the request's draft length,
-drafter and confidence cut, and per drafter d a table of draft lengths over the acceptance rate:
+executor's drafters or the gate's state changed (every ``BANDIT_REFRESH_EVERY`` steps while the
+drafter bandit chooses among several drafters, and every step while the queued outcomes would still
+move its estimates, ``MOVE_FRACTION``; the bandit's clock counts the held steps, ``bandit.py``).
+It leaves, per slot, the request's draft length, drafter and confidence cut, and per drafter d a
+table of draft lengths over the acceptance rate:
 
     tau_d = (upper) median over requests r on d of  g * next_cost_r / w_r   (the optimiser's marginal
             condition: one more token of survival p pays iff w_r * p >= g * next_cost_r)
@@ -12,7 +14,8 @@ drafter and confidence cut, and per drafter d a table of draft lengths over the 
 
 with S_d the drafter's survival curve at that rate (``AcceptanceModel.survival_of``'s formula).
 Between refreshes a step only looks up: k = min(held k of the slot, cap); a request that arrived
-since the last refresh takes the drafter most requests drafted with and table[d, bucket(d's pooled
+since the last refresh takes the drafter most requests drafted with (with the bandit, the one it
+would give a request without estimates, ``DrafterChoice.newcomer``) and table[d, bucket(d's pooled
 rate)], its prior's draft length, at most the refresh's deepest draft (the table prices tokens,
 not the draft passes a deeper draft adds to everyone's step). The outcomes of those steps are
 queued in order and learned at the next refresh (``AdaptivePolicy.flush``), so the estimators end
@@ -30,6 +33,11 @@ from control.policy.adaptive.survival import AcceptanceModel
 from control.policy.base import I64
 
 REFRESH_EVERY = 8  # steps between full decisions (the optimiser, the bandit, the cuts)
+BANDIT_REFRESH_EVERY = 2  # the same while the drafter bandit chooses among several drafters (a longer hold
+# lags each request's fast-moving posterior: docs/controller-cost.md, section 3, fifth round)
+MOVE_FRACTION = 0.05  # with several drafters, a full decision as well while the queued outcomes hold more
+# draft trials than this share of those learned (early in a run, when one step's outcomes still decide
+# which drafter the bandit explores for a whole stage)
 RATE_BUCKETS = 32  # acceptance-rate buckets of the draft-length table
 NO_CUT = 0.0  # a raw confidence cut that never stops a draft (running confidences are > 0)
 
@@ -79,8 +87,10 @@ class HeldDecisions:
         k = np.minimum(self.k[slots], cap)
         return k, self.drafter[slots], (self.cut[slots] if self.has_cut else None)
 
-    def hold(self, sp: StepPlan, acceptance: AcceptanceModel, to_exec: np.ndarray, default: int) -> None:
-        """Keep a full decision (``sp``) per slot and rebuild the table for new requests."""
+    def hold(self, sp: StepPlan, acceptance: AcceptanceModel, to_exec: np.ndarray, default: int,
+             newcomer: int = -1) -> None:
+        """Keep a full decision (``sp``) per slot and rebuild the table for new requests (``newcomer``:
+        the plan drafter for them, -1: the one most requests drafted with)."""
         slots, choice = sp.view.slots, sp.choice
         self.k[slots] = choice.k
         self.drafter[slots] = sp.d_exec
@@ -90,20 +100,22 @@ class HeldDecisions:
         self.valid, self._step, self._bucket, self._map = True, sp.view.step, sp.n.bit_length(), to_exec
         self.depth = int(choice.k.max(initial=0))  # the refresh's deepest draft
         ran = sp.d_ctx[(choice.k > 0) & (sp.d_ctx >= 0)]  # plan drafters that drafted
-        fav = int(np.argmax(np.bincount(ran))) if ran.size else default
+        fav = newcomer if newcomer >= 0 else int(np.argmax(np.bincount(ran))) if ran.size else default
         self.new_drafter = max(int(to_exec[fav]), 0) if to_exec.size else 0
         self._table_for = (sp, acceptance, fav)  # built when a request arrives before the next refresh
 
     def _rebuild(self, sp: StepPlan, acceptance: AcceptanceModel, fav: int) -> None:
-        """table[d] for the drafters in the step (the others keep theirs) from the marginal condition,
-        and the favourite's draft length at its pooled rate (``new_k``)."""
+        """table[d] for the drafters in the step and the favourite (the others keep theirs) from the
+        marginal condition (the favourite, if no request drafted with it, at every request's), and the
+        favourite's draft length at its pooled rate (``new_k``)."""
         nxt = sp.choice.next_cost
         if nxt is not None:  # None: nothing admissible (every cap 0), nothing to learn about thresholds
             tau = sp.g_value * nxt if sp.weights is None else sp.g_value * nxt / sp.weights  # (n,) in survival
-            for d in sp.d_ctx[:1] if sp.uniform else np.unique(sp.d_ctx):
+            in_step = sp.d_ctx[:1] if sp.uniform else np.unique(sp.d_ctx)
+            for d in in_step if fav in in_step else np.append(in_step, fav):
                 if d < 0:
                     continue
-                mine = np.sort(tau if sp.uniform else tau[sp.d_ctx == d])
+                mine = np.sort(tau if sp.uniform or d not in in_step else tau[sp.d_ctx == d])
                 pos = acceptance.pos[int(d)]
                 surv = request_position_survival(self._rates, pos.rates, pos.mean_rate, pos.odds)  # (RATE_BUCKETS, K)
                 self.table[int(d)] = np.cumprod(surv >= float(mine[mine.size // 2]), axis=1).sum(axis=1)

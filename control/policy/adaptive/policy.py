@@ -16,8 +16,8 @@ own module with its formula in its docstring:
 7. cuts (``cuts.py``): marginal-cost confidence cuts mapped through each drafter's calibration.
 8. pace (``optimise.py``): each request's smoothed tokens per step, the next step's weights.
 
-That full decision runs every ``REFRESH_EVERY`` steps (and when the batch size or the drafters
-change; every step while the drafter bandit chooses among several drafters); in between, a step
+That full decision runs every ``REFRESH_EVERY`` steps (``BANDIT_REFRESH_EVERY`` while the drafter
+bandit chooses among several drafters; and when the batch size or the drafters change); in between, a step
 only looks up each request's held draft length, and a new request's from a table over acceptance
 rates (``held.py``). Outcomes are queued and learned, in order, when the next full decision (or a
 reader of the estimates) needs them.
@@ -39,7 +39,7 @@ from control.goodput.stepcost import StepCostModel
 from control.policy.adaptive.cuts import confidence_cuts
 from control.policy.adaptive.drafters import DrafterChoice
 from control.policy.adaptive.gate_stage import GateStage
-from control.policy.adaptive.held import REFRESH_EVERY, HeldDecisions
+from control.policy.adaptive.held import BANDIT_REFRESH_EVERY, MOVE_FRACTION, REFRESH_EVERY, HeldDecisions
 from control.policy.adaptive.optimise import Optimiser
 from control.policy.adaptive.probes import probe_unmeasured
 from control.policy.adaptive.refit import CostRefit
@@ -57,8 +57,10 @@ class AdaptivePolicy(BasePolicy):
     name = "adaptive"
 
     def __init__(self, ctx: PolicyContext, seed: int = 0, request_strength: float = REQUEST_STRENGTH,
-                 refresh_every: int = REFRESH_EVERY) -> None:
-        if refresh_every < 1:
+                 refresh_every: int | None = None) -> None:
+        """``refresh_every``: steps between full decisions (1: every step; None: ``REFRESH_EVERY``, or
+        ``BANDIT_REFRESH_EVERY`` with several drafters)."""
+        if refresh_every is not None and refresh_every < 1:
             raise ValueError(f"refresh_every = {refresh_every!r}: must be >= 1 (1: a full decision every step)")
         super().__init__(ctx)
         self._seed = seed
@@ -78,11 +80,14 @@ class AdaptivePolicy(BasePolicy):
         self.gate_stage = GateStage(Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps), self.steps)
         self.choice = DrafterChoice(ctx, self.acceptance.pos, self.steps, self._seed)
         self.optimiser = Optimiser(slots)
-        # With the drafter bandit a full decision every step: its stages and chunks count assignments,
-        # and held between refreshes it explored a measured loser for 8x the steps (the simulator's
-        # two-drafter test: 21% of trials on it against under 1%), so that path stays as it was.
-        every = self._every if self.choice.bandit is None else 1
+        every = self._every or (REFRESH_EVERY if self.choice.bandit is None else BANDIT_REFRESH_EVERY)
         self.held = HeldDecisions(slots, len(ctx.drafters), K, every)
+        self._held_steps = 0  # look-up steps since the last full decision (the bandit's clock counts them)
+        # with several drafters, early outcomes decide which drafter the bandit explores for a whole
+        # stage: a full decision as well while the queued outcomes would still move the estimates
+        self._watch_moves = self.choice.bandit is not None
+        self._trials_queued = 0  # draft tokens verified in the queued outcomes (while watched)
+        self._trials_learned = 0  # ... in the outcomes learned so far
         self._pending: list[tuple[Any, ...]] = []  # outcomes and slot resets not learned yet, in order
         # per slot, grown together (``_grow_slots``): the k the last decision asked for, and the one before
         # (its outcome may arrive after this step's decision, ``OneStepStale``)
@@ -154,14 +159,19 @@ class AdaptivePolicy(BasePolicy):
         self.held.admit(slots)
         if self.held.every == 1:
             self._reset_now(slots)
-        else:
-            self._pending.append((None, slots.copy()))
+        else:  # held on the favourite until the next full decision: the bandit keeps them there
+            d = int(self._to_ctx[self.held.new_drafter]) if self._to_ctx.size > self.held.new_drafter else -1
+            self._pending.append((None, slots.copy(), d))
 
-    def _reset_now(self, slots: np.ndarray) -> None:
+    def _reset_now(self, slots: np.ndarray, drafter: int = -1) -> None:
+        """Forget the old requests of ``slots``; ``drafter``: the plan drafter the new ones were put on
+        without the bandit (-1: none, the bandit assigns them at the next full decision)."""
         self.optimiser.reset(slots)
         self.acceptance.reset(slots)
         if self.bandit is not None:
             self.bandit.reset(slots)
+            if drafter >= 0:
+                self.bandit.hold(slots, drafter)
 
     def _grow_slots(self, size: int) -> None:
         super()._grow_slots(size)
@@ -198,13 +208,15 @@ class AdaptivePolicy(BasePolicy):
         if not self.verify.per_request:  # the target pads drafts or verifies per batch
             self.flush()
             return self._granular(view, cap)
-        if not self.held.due(n, view.step, self._to_exec):  # the fast path: look up, no estimates
+        moved = self._watch_moves and self._trials_queued > MOVE_FRACTION * self._trials_learned
+        if not (moved or self.held.due(n, view.step, self._to_exec)):  # the fast path: look up, no estimates
             k, d_exec, cut = self.held.lookup(view.slots, cap)
             k = self.optimiser.held_lookup(view, k, d_exec, cap)  # n-gram: what its lookup proposes now
+            self._held_steps += 1
             return Decision(k, d_exec, conf_cut=cut, prefill_draft=True, prefill_drafter=self.prefill_drafter())
         self.flush()
         sp = self._full_decision(view, cap)
-        self.held.hold(sp, self.acceptance, self._to_exec, self.ctx.default)
+        self.held.hold(sp, self.acceptance, self._to_exec, self.ctx.default, self.choice.newcomer())
         c = sp.choice
         return Decision(c.k, sp.d_exec, conf_cut=sp.conf_cut, prefill_draft=True, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=c.step_ms, predicted_tokens=c.tokens)
@@ -213,7 +225,8 @@ class AdaptivePolicy(BasePolicy):
         """Every stage, in order, on the estimates learned up to the last outcome."""
         cost = self._cost
         sp = StepPlan(view, cap)
-        self.choice.assign(sp, self._to_exec, cost)
+        self.choice.assign(sp, self._to_exec, cost, self._held_steps)
+        self._held_steps = 0
         self._limit_catch_up(sp)
         sp.surv = self.acceptance.survival(view, sp.d_ctx, sp.uniform)
         sp.cons = self._constraints(view)
@@ -298,6 +311,8 @@ class AdaptivePolicy(BasePolicy):
             self._learn(outcome, d_ctx, asked)
             return
         o = outcome  # the executor may reuse its arrays: keep copies of what learning reads
+        if self._watch_moves:
+            self._trials_queued += int(o.verified.sum())
         self._pending.append((o, (o.slots.copy(), o.ctx_lens.copy(), o.drafted.copy(), o.verified.copy(),
                                   o.accepted.copy(), None if o.confidence is None else o.confidence.copy(),
                                   None if o.category is None else o.category.copy()), d_ctx, asked))
@@ -308,10 +323,12 @@ class AdaptivePolicy(BasePolicy):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
+        self._trials_learned += self._trials_queued
+        self._trials_queued = 0
         rows = PooledRows(self.K)
         for item in pending:
             if item[0] is None:
-                self._reset_now(item[1])
+                self._reset_now(item[1], item[2])
                 continue
             o, (slots, ctx_lens, drafted, verified, accepted, confidence, category), d_ctx, asked = item
             self._learn(replace(o, slots=slots, ctx_lens=ctx_lens, drafted=drafted, verified=verified,
