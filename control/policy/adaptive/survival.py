@@ -25,6 +25,10 @@ from control.goodput.estimators import (
 from control.policy.types import StepOutcome, StepView
 
 CATEGORIES = 8  # category slots of the pooled per-category rates
+# per-update decay of the pooled per-position counts: a memory of ~200 drafting steps, so a prompt mix
+# whose acceptance moved is learned within a few gate probe windows (0.999 kept ~1,000 steps' counts
+# and let the gate reopen only minutes into a high-acceptance phase; docs/validation.md)
+POSITION_DECAY = 0.995
 
 
 class AcceptanceModel:
@@ -34,7 +38,7 @@ class AcceptanceModel:
         m, K = prior_positions.shape  # (m, K)
         self.K = K
         self.confidences = confidences  # (m,) bool: drafter reports confidences
-        self.pos = [PositionRates(K, prior=prior_positions[i]) for i in range(m)]
+        self.pos = [PositionRates(K, prior=prior_positions[i], decay=POSITION_DECAY) for i in range(m)]
         self.req = [RequestBeta(strength, capacity=slots) for _ in range(m)]
         self.cat = CategoryRates(CATEGORIES)
         self.conf = [ConfidenceMap() for _ in range(m)]
