@@ -19,6 +19,8 @@ steps through: their first (a full decision) drafts one token for up to ``PROBE_
 requests with the least draft lag (if the probed step meets the SLO), and the held decisions repeat
 it for the window. The window's steps are no evidence for closing; at its end b_off is re-derived
 from the pooled rates that now include the probes, and the gate reopens if they pay at this batch.
+A window that leaves the gate off doubles the interval to the next one, up to 2^``PROBE_BACKOFF``
+times ``probe_every``, until the gate is on again (past the crossover the windows only cost).
 """
 
 from __future__ import annotations
@@ -124,8 +126,8 @@ class GateStage:
         return False
 
     def probe(self, sp: StepPlan, cost: StepCostModel) -> None:
-        """k >= 1 for up to ``PROBE_REQUESTS`` requests that may draft, the least lagged first, if the
-        probed step meets the SLO; ``sp.choice`` and ``sp.accepted`` follow."""
+        """k = 1 for up to ``PROBE_REQUESTS`` requests that may draft and got k = 0, the least lagged
+        first, if the probed step meets the SLO; ``sp.choice`` and ``sp.accepted`` follow."""
         k0, cap = sp.choice.k, sp.cap
         lag = np.zeros(sp.n, dtype=np.int64) if sp.lag is None else sp.lag  # (n,)
         order = np.argsort(np.where(cap > 0, lag, np.iinfo(np.int64).max), kind="stable")[:PROBE_REQUESTS]
