@@ -10,8 +10,14 @@ N requests, off above: ``static-schedule:N=K``); then the adaptive policies. Pri
 per segment and over the whole trace, the best static configuration in hindsight for each, and
 adaptive's ratio to it.
 
-    SPECCTL_WORKLOADS=... python benchmarks/adaptive_swing.py [--levels 0.35,0.95] [--segment-s 300]
-        [--requests 3000] [--capacity C] [--workers 2] [--json out.json]
+``--pair h100-8b`` swings the H100 LLaMA-3.1-8B + LLaMA-3.2-1B roofline with vLLM's terms instead
+(speculation gains more there at low load). ``--acceptance-levels`` drifts the drafters' mean
+acceptance one level per segment in turn; with as many levels as rate levels (or a multiple), rate
+and prompt mix swing together, as they do over a real day.
+
+    SPECCTL_WORKLOADS=... python benchmarks/adaptive_swing.py [--pair a100-7b|h100-8b] [--levels 0.35,0.95]
+        [--acceptance-levels 0.35,0.9] [--segment-s 300] [--requests 3000] [--capacity C] [--workers 2]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ STATIC = ("none", "fixed:1", "fixed:2", "fixed:3", "static-schedule", "static-sc
           "static-schedule:8=2", "static-schedule:16=1", "static-schedule:32=1")
 POLICIES = ("adaptive", "smartspec")
 BAR = 0.90
+PAIRS = {  # --pair: (sku, target, drafts) of a roofline profile with vLLM's framework terms
+    "a100-7b": ("a100", "llama-2-7b", ["llama-160m"]),  # the SmartSpec Fig. 1 pair
+    "h100-8b": ("h100", "llama-3.1-8b", ["llama-3.2-1b"]),
+}
 
 
 def _run(args):
@@ -57,7 +67,7 @@ def run_all(jobs: list, workers: int) -> dict:
     return runs
 
 
-def build_setup(profile_path: str | None, workload: str, max_k: int):
+def build_setup(profile_path: str | None, workload: str, max_k: int, pair: str = "a100-7b"):
     from control.bench.simrun import SimSetup
     from control.bench.workloads import load_workload
     from control.buildsys.roofline import roofline_profile, scaled_framework
@@ -66,22 +76,26 @@ def build_setup(profile_path: str | None, workload: str, max_k: int):
     if profile_path:
         prof = load_profile(profile_path)
     else:
-        prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=scaled_framework("vllm", 1.0, None))
+        sku, target, drafts = PAIRS[pair]
+        prof = roofline_profile(sku, target, drafts, framework=scaled_framework("vllm", 1.0, None))
     return SimSetup(prof, load_workload(workload), max_k=max_k, max_batch=256)
 
 
 def markdown(rows: list[dict], policy: str) -> str:
-    lines = [f"| segment | rate req/s | requests | {policy} s | best static | best static s | {policy} / best static |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| segment | rate req/s | acceptance | requests | {policy} s | best static | best static s | "
+             f"{policy} / best static |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['segment']} | {r['rate_req_s']:.2f} | {r['requests']} | {r['policy']:.2f} | "
+        acc = "" if r.get("acceptance") is None else f"{r['acceptance']:g}"
+        lines.append(f"| {r['segment']} | {r['rate_req_s']:.2f} | {acc} | {r['requests']} | {r['policy']:.2f} | "
                      f"{r['best_static']} | {r['best_static_s']:.2f} | {r['ratio']:.3f} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", help="profile YAML (default: A100 LLaMA-7B + LLaMA-160M roofline, vLLM framework)")
+    ap.add_argument("--profile", help="profile YAML (default: the --pair roofline with vLLM's framework terms)")
+    ap.add_argument("--pair", default="a100-7b", choices=sorted(PAIRS),
+                    help="roofline pair when no --profile is given (default a100-7b: A100 LLaMA-7B + LLaMA-160M)")
     ap.add_argument("--workload", default="azure-conv", help="trace to swing (default azure-conv)")
     ap.add_argument("--levels", default="0.35,0.95", help="rate levels as fractions of the no-speculation capacity, "
                                                           "one per segment in turn (default 0.35,0.95)")
@@ -104,11 +118,11 @@ def main(argv=None) -> int:
     from control.errors import SpecctlError
 
     try:
-        setup = build_setup(args.profile, args.workload, args.max_k)
+        setup = build_setup(args.profile, args.workload, args.max_k, args.pair)
         capacity = args.capacity or measure_capacity(setup)
         levels = [float(x) for x in args.levels.split(",")]
         swing = swing_rate(setup.workload, [x * capacity for x in levels], args.segment_s, args.requests)
-        rates = None
+        rates, acc = None, None
         if args.acceptance_levels:
             acc = [float(x) for x in args.acceptance_levels.split(",")]
             rates = drifting_rates(setup.rates(swing.workload, 0).rates, swing, acc, args.concentration)
@@ -127,12 +141,13 @@ def main(argv=None) -> int:
     out = {"capacity_req_s": capacity, "levels": levels, "segment_s": args.segment_s, "requests": swing.workload.n,
            "acceptance_levels": args.acceptance_levels}
     for p in policies:
-        rows = segment_table(runs, swing, p, static)
+        rows = segment_table(runs, swing, p, static, acceptance=acc)
         out[p] = rows
         print()
         print(markdown(rows, p))
         print(f"bar ({p} / best single static over the whole trace <= {BAR:.2f}): "
-              f"{'met' if rows[-1]['ratio'] <= BAR else 'not met'} ({rows[-1]['ratio']:.3f})")
+              f"{'met' if rows[-1]['ratio'] <= BAR else 'not met'} ({rows[-1]['ratio']:.3f}); each segment's best "
+              f"static in hindsight, switched per segment: {rows[-1]['switching_ratio']:.3f} of the best single one")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -66,9 +66,11 @@ def segment_latency(res: SimResult, swing: Swing) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def segment_table(runs: dict[str, SimResult], swing: Swing, policy: str, static: list[str]) -> list[dict]:
-    """Per segment: its rate, requests, ``policy``'s mean latency, the best of ``static`` in hindsight
-    there and the ratio; then the whole trace, where the best static is the best over the trace."""
+def segment_table(runs: dict[str, SimResult], swing: Swing, policy: str, static: list[str],
+                  acceptance: list[float] | None = None) -> list[dict]:
+    """Per segment: its rate, mean acceptance (``acceptance[i % len]`` when the drafters' acceptance
+    drifts, else None), requests, ``policy``'s mean latency, the best of ``static`` in hindsight there
+    and the ratio; then the whole trace, where the best static is the best over the trace."""
     per = {p: segment_latency(r, swing) for p, r in runs.items()}
     count = np.bincount(swing.segment, minlength=swing.segments)
     rows = []
@@ -76,14 +78,21 @@ def segment_table(runs: dict[str, SimResult], swing: Swing, policy: str, static:
         if not count[s]:
             continue
         best = min(static, key=lambda p: per[p][s])
-        rows.append({"segment": s, "rate_req_s": swing.level(s), "requests": int(count[s]), "policy": float(per[policy][s]),
+        acc = None if not acceptance else float(acceptance[s % len(acceptance)])
+        rows.append({"segment": s, "rate_req_s": swing.level(s), "acceptance": acc, "requests": int(count[s]),
+                     "policy": float(per[policy][s]),
                      "best_static": best, "best_static_s": float(per[best][s]),
                      "ratio": float(per[policy][s] / per[best][s])})
     whole = {p: float(np.mean(r.finish_s - r.arrival_s)) for p, r in runs.items()}
     best = min(static, key=whole.get)
-    rows.append({"segment": "all", "rate_req_s": float(swing.workload.rate), "requests": int(swing.workload.n),
+    # switching to each segment's best static in hindsight, as if segments did not interact: what a
+    # controller that only picks among the static configurations could reach
+    switching = sum(r["requests"] * r["best_static_s"] for r in rows) / max(int(count.sum()), 1)
+    rows.append({"segment": "all", "rate_req_s": float(swing.workload.rate), "acceptance": None,
+                 "requests": int(swing.workload.n),
                  "policy": whole[policy], "best_static": best, "best_static_s": whole[best],
-                 "ratio": whole[policy] / whole[best]})
+                 "ratio": whole[policy] / whole[best], "switching_s": switching,
+                 "switching_ratio": switching / whole[best]})
     return rows
 
 

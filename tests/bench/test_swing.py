@@ -56,6 +56,22 @@ def test_segment_table_takes_the_best_static_per_segment_and_over_the_trace():
     whole = per["all"]
     assert whole["ratio"] < 1.0 and whole["best_static"] in ("none", "fixed:3")
     assert segment_latency(runs["none"], sw)[0] == pytest.approx(2.0)
+    # switching per segment to the best static there: 1.0 s everywhere, below the best single one
+    assert whole["switching_s"] == pytest.approx(1.0) and whole["switching_ratio"] < 1.0
+    assert whole["switching_ratio"] == pytest.approx(1.0 / whole["best_static_s"])
+
+
+def test_segment_table_names_each_segments_acceptance_when_it_drifts():
+    base = poisson(300, 2.0, "128", "64", seed=5)
+    sw = swing_rate(base, [1.0, 3.0], 40.0)
+    t = sw.workload.arrival_s
+    runs = {"none": _result(t, np.ones(base.n)), "adaptive": _result(t, np.ones(base.n))}
+    rows = segment_table(runs, sw, "adaptive", ["none"], acceptance=[0.35, 0.35, 0.9, 0.9])
+    per = {r["segment"]: r for r in rows}
+    assert [per[s]["acceptance"] for s in range(4)] == [0.35, 0.35, 0.9, 0.9]
+    assert [per[s]["rate_req_s"] for s in range(4)] == [1.0, 3.0, 1.0, 3.0]
+    assert per["all"]["acceptance"] is None
+    assert all(r["acceptance"] is None for r in segment_table(runs, sw, "adaptive", ["none"]))
 
 
 def test_bad_inputs_name_the_value():
@@ -69,8 +85,11 @@ def test_bad_inputs_name_the_value():
         drifting_rates(np.zeros((base.n, 1)), sw, [1.2], 8.0)
 
 
-def test_adaptive_swing_script_prints_per_segment_rows(tmp_path):
-    """benchmarks/adaptive_swing.py runs as documented on a small Poisson trace and writes its rows."""
+@pytest.mark.parametrize("pair,sku", [("a100-7b", "a100/llama-2-7b+llama-160m"),
+                                      ("h100-8b", "h100/llama-3.1-8b+llama-3.2-1b")])
+def test_adaptive_swing_script_prints_per_segment_rows(tmp_path, pair, sku):
+    """benchmarks/adaptive_swing.py runs as documented on a small Poisson trace, on the --pair's
+    profile, and writes its rows with each segment's acceptance level."""
     import json
     import os
     import subprocess
@@ -82,10 +101,12 @@ def test_adaptive_swing_script_prints_per_segment_rows(tmp_path):
     p = subprocess.run([sys.executable, str(root / "benchmarks" / "adaptive_swing.py"), "--workload",
                         "poisson:in=128,out=32", "--capacity", "4.0", "--levels", "0.3,0.9", "--segment-s", "20",
                         "--requests", "120", "--acceptance-levels", "0.9,0.3", "--static", "none,fixed:2",
-                        "--policies", "adaptive", "--json", str(tmp_path / "swing.json")],
+                        "--policies", "adaptive", "--pair", pair, "--json", str(tmp_path / "swing.json")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = json.loads((tmp_path / "swing.json").read_text())["adaptive"]
     assert rows[-1]["segment"] == "all" and rows[-1]["requests"] == 120
     assert {r["best_static"] for r in rows} <= {"none", "fixed:2"}
     assert "adaptive / best static" in p.stdout and "bar (adaptive" in p.stdout
+    assert p.stdout.startswith(f"profile {sku};")
+    assert [r["acceptance"] for r in rows[:2]] == [0.9, 0.3] and rows[-1]["switching_ratio"] <= 1.0

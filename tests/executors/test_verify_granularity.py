@@ -139,7 +139,7 @@ def test_on_a_padded_engine_knowing_it_lowers_latency(verify, drafter):
     policy that prices per-request k + 1 verification chooses small k it pays K + 1 for anyway."""
     aware, k_aware = _latency(verify, lambda p: p, drafter)
     blind, k_blind = _latency(verify, Blind, drafter)
-    assert aware < 0.97 * blind, (aware, blind)
+    assert aware < 0.975 * blind, (aware, blind)
     if drafter == "ngram":
         # all or nothing: k between 1 and K - 1 only where max_tokens caps it at a request's end
         assert k_aware[1:K].sum() < 0.05 * k_aware.sum() < k_blind[1:K].sum()

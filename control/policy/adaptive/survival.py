@@ -34,6 +34,10 @@ from control.goodput.stepcost import DrafterKind
 from control.policy.types import StepOutcome, StepView
 
 CATEGORIES = 8  # category slots of the pooled per-category rates
+# per-update decay of the pooled per-position counts: a memory of ~200 drafting steps, so a prompt mix
+# whose acceptance moved is learned within a few gate probe windows (0.999 kept ~1,000 steps' counts
+# and let the gate reopen only minutes into a high-acceptance phase; docs/validation.md)
+POSITION_DECAY = 0.995
 
 
 class AcceptanceModel:
@@ -45,7 +49,7 @@ class AcceptanceModel:
         self.K = K
         self.confidences = confidences  # (m,) bool: drafter reports confidences
         self.lookup = np.zeros(m, dtype=bool) if lookup is None else np.asarray(lookup, dtype=bool)  # (m,) n-gram
-        self.pos = [LookupPositions(K, prior=prior_positions[i]) if self.lookup[i] else PositionRates(K, prior=prior_positions[i])
+        self.pos = [(LookupPositions if self.lookup[i] else PositionRates)(K, prior=prior_positions[i], decay=POSITION_DECAY)
                     for i in range(m)]
         self.by_avail = {int(i): self.pos[i].by_avail for i in np.flatnonzero(self.lookup)}
         self.req = [RequestBeta(strength, capacity=slots) for _ in range(m)]
@@ -299,8 +303,8 @@ class LookupPositions(PositionRates):
     """An n-gram drafter's position rates, with the same rates split by what its lookup proposed
     (``by_avail``, learned and read by ``AcceptanceModel``; the drafter stage reads its curves)."""
 
-    def __init__(self, max_k: int, prior) -> None:
-        super().__init__(max_k, prior=prior)
+    def __init__(self, max_k: int, prior, decay: float) -> None:
+        super().__init__(max_k, prior=prior, decay=decay)
         self.by_avail = LookupRates(max_k, self.prior)
 
     def set_prior(self, prior) -> None:
