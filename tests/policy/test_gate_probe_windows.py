@@ -34,6 +34,16 @@ def _open(stage, ctx, n, step, rate):
     return stage.open(_view(n, step), ctx.plan, ctx.cost, K, [0], lambda i: rate)
 
 
+def _first_window(stage, ctx, n) -> int:
+    """Close the gate at batch 2 (as a poor acceptance leaves it) and step until the first probe
+    window opens it; returns that step."""
+    stage.gate.retune(2)
+    step = 1
+    while not _open(stage, ctx, n, step, 0.05):
+        step += 1
+    return step
+
+
 def test_an_off_gate_opens_probe_windows_backing_off_while_they_leave_it_off():
     ctx, stage = _setup()
     n = 40
@@ -64,10 +74,7 @@ def test_the_backoff_starts_over_once_the_gate_was_on():
 def test_a_probe_window_drafts_one_token_for_the_least_lagged_requests_and_counts_no_evidence():
     ctx, stage = _setup()
     n = 12
-    stage.gate.retune(2)
-    step = 1
-    while not _open(stage, ctx, n, step, 0.05):
-        step += 1
+    step = _first_window(stage, ctx, n)
     assert stage.probing
     lag = np.arange(n)[::-1].copy()  # the last requests are the least lagged
     view = _view(n, step, lag)
@@ -88,10 +95,7 @@ def test_a_probe_window_drafts_one_token_for_the_least_lagged_requests_and_count
 def test_probed_acceptance_that_now_pays_reopens_the_gate_at_the_window_end():
     ctx, stage = _setup()
     n = 6
-    stage.gate.retune(2)
-    step = 1
-    while not _open(stage, ctx, n, step, 0.05):
-        step += 1
+    step = _first_window(stage, ctx, n)
     for _ in range(PROBE_STEPS - 1):  # the window's steps: the probes' outcomes raised the pooled rate
         step += 1
         assert _open(stage, ctx, n, step, 0.95)
@@ -102,10 +106,7 @@ def test_probed_acceptance_that_now_pays_reopens_the_gate_at_the_window_end():
 def test_without_a_rise_the_gate_stays_off_after_the_window():
     ctx, stage = _setup()
     n = 40
-    stage.gate.retune(2)
-    step = 1
-    while not _open(stage, ctx, n, step, 0.05):
-        step += 1
+    step = _first_window(stage, ctx, n)
     for _ in range(PROBE_STEPS - 1):
         step += 1
         _open(stage, ctx, n, step, 0.05)
