@@ -10,7 +10,7 @@ from control.goodput.estimators import MovingWindow, chain_trials
 from control.goodput.granular import granular_choice
 from control.goodput.granularity import PER_REQUEST, VerifyGranularity
 from control.goodput.optimizer import Constraints
-from control.goodput.stepcost import StepCostModel
+from control.goodput.stepcost import DrafterKind, StepCostModel
 from control.plan import BanditParams, GateParams, Plan
 from control.policy.types import Decision, StepOutcome, StepView
 
@@ -181,7 +181,13 @@ class BasePolicy:
         """Called with the slots that now hold new requests."""
 
     def wants_draft_prefill(self, view: StepView) -> bool:
-        return not self.ctx.force_off and self.ctx.max_k > 0
+        """Prefill new requests' draft state: only when speculation may run and the default drafter
+        keeps state (an n-gram lookup has none to build; prefilling a draft model it never runs is
+        pure cost)."""
+        if self.ctx.force_off or self.ctx.max_k <= 0:
+            return False
+        drafters = self.ctx.cost.drafters
+        return not drafters or drafters[self.ctx.default].kind != DrafterKind.ngram
 
     def prefill_drafter(self) -> int:
         """Executor index of the drafter whose state new requests prefill (-1: the executor's default)."""

@@ -37,7 +37,7 @@ class FixedPolicy(BasePolicy):
         self.name = f"fixed:{self.k}"
 
     def wants_draft_prefill(self, view: StepView) -> bool:
-        return self.k > 0 and not self.ctx.force_off
+        return self.k > 0 and super().wants_draft_prefill(view)
 
     def _decide(self, view: StepView, cap: np.ndarray) -> Decision:
         k = np.minimum(cap, self.k)

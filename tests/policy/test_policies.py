@@ -163,7 +163,7 @@ def test_adaptive_keeps_lagging_requests_plain_beyond_the_catchup_limit():
     assert d.k[1] == 0 and d.k[0] > 0
 
 
-def test_adaptive_gate_switches_off_above_threshold_and_skips_draft_prefill():
+def test_adaptive_gate_switches_off_above_threshold_and_never_prefills_draft_state():
     plan = compile_plan(make_profile(), max_k=8, gate=GateParams(b_off=32, min_dwell_steps=0, probe_every_steps=10**6))
     pol = build_policy("adaptive", plan)
     rng = np.random.default_rng(4)
@@ -172,7 +172,20 @@ def test_adaptive_gate_switches_off_above_threshold_and_skips_draft_prefill():
     d = pol.decide(_view(rng, 40, step=2))  # between b_on (24) and b_off: stays off
     assert d.k.max() == 0
     d = pol.decide(_view(rng, 8, step=3))
-    assert d.prefill_draft
+    assert d.k.max() > 0 and not d.prefill_draft  # on again; draft state still built by catch-up
+
+
+def test_draft_state_is_prefilled_only_by_a_policy_that_drafts_with_a_model_and_prices_no_catch_up():
+    """A fixed k on a draft model prefills its state; on n-gram there is none to build (prefilling
+    the draft model it never runs was pure cost); adaptive builds it by catch-up, which it prices."""
+    plan = compile_plan(make_profile(), max_k=8)
+    view = _view(np.random.default_rng(0), 4, step=1)
+    assert build_policy("fixed:3", plan).decide(view).prefill_draft
+    on_ngram = compile_plan(make_profile(), max_k=8, default_drafter="ngram")
+    assert not build_policy("fixed:3", on_ngram).decide(view).prefill_draft
+    assert not build_policy("none", plan).decide(view).prefill_draft
+    d = build_policy("adaptive", plan).decide(view)
+    assert d.k.max() > 0 and not d.prefill_draft
 
 
 def test_specserve_prunes_unlikely_tails():
