@@ -114,6 +114,19 @@ def test_a_new_batch_size_bucket_or_drafter_set_forces_a_full_decision(change):
     assert np.isfinite(pol.decide(v).predicted_step_ms)
 
 
+@pytest.mark.parametrize("every", [2, 8])
+def test_a_batch_moving_a_little_forces_a_full_decision_only_when_held_long(every):
+    """Held for 8 steps a full batch losing one request (8 -> 7, another power-of-two bucket) is
+    decided in full; held for 2 only a batch that doubled or halved is (8 -> 4 is not, 8 -> 3 is)."""
+    m = np.zeros(1, dtype=np.int64)
+    h = HeldDecisions(16, 1, K, every=every)
+    h.valid, h._step, h._batch, h._map = True, 0, 8, m
+    assert not h.due(8, 1, m)
+    for n in (7, 4, 16):  # another bucket, but not twice or half the batch
+        assert h.due(n, 1, m) == (every == 8), n
+    assert h.due(3, 1, m) and h.due(17, 1, m)
+
+
 def test_refresh_every_must_be_positive():
     with pytest.raises(ValueError, match="refresh_every = 0"):
         _policy(0)

@@ -1,7 +1,8 @@
 """Stage: held decisions. The fast path between full decisions: per step, look up; every N steps, optimise.
 
 A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
-``REFRESH_EVERY`` steps after it, when the batch size leaves its power-of-two bucket, when the
+``REFRESH_EVERY`` steps after it, when the batch size leaves its power-of-two bucket (held for
+``BANDIT_REFRESH_EVERY``: when it doubles or halves), when the
 executor's drafters or the gate's state changed (every ``BANDIT_REFRESH_EVERY`` steps while the
 drafter bandit chooses among several drafters, and every step while the queued outcomes would still
 move its estimates, ``MOVE_FRACTION``; the bandit's clock counts the held steps, ``bandit.py``).
@@ -57,7 +58,7 @@ class HeldDecisions:
         self.depth = 0  # the last full decision's deepest draft
         self.valid = False  # a full decision to hold exists
         self._step = -1  # step of the last full decision
-        self._bucket = -1  # batch-size bucket of the last full decision
+        self._batch = 0  # batch size of the last full decision
         self._map = None  # the executor drafter map the held indices refer to
         self.K = K
 
@@ -71,7 +72,15 @@ class HeldDecisions:
     def due(self, n: int, step: int, to_exec: np.ndarray) -> bool:
         """Whether this step needs a full decision."""
         return (self.every == 1 or not self.valid or step - self._step >= self.every or step < self._step
-                or n.bit_length() != self._bucket or to_exec is not self._map)
+                or self._moved(n) or to_exec is not self._map)
+
+    def _moved(self, n: int) -> bool:
+        """Whether the batch moved enough since the last full decision to need another: held for a
+        few steps (``BANDIT_REFRESH_EVERY``), once it doubled or halved; held longer, once it left its
+        power-of-two bucket (7 <-> 8 requests, as requests finish and arrive at a full batch)."""
+        if self.every <= BANDIT_REFRESH_EVERY:
+            return n > 2 * self._batch or 2 * n < self._batch
+        return n.bit_length() != self._batch.bit_length()
 
     def admit(self, slots: np.ndarray) -> None:
         """Requests that took ``slots`` since the refresh: the prior's draft length on the favourite."""
@@ -97,7 +106,7 @@ class HeldDecisions:
         self.has_cut = sp.conf_cut is not None
         if self.has_cut:
             self.cut[slots] = sp.conf_cut
-        self.valid, self._step, self._bucket, self._map = True, sp.view.step, sp.n.bit_length(), to_exec
+        self.valid, self._step, self._batch, self._map = True, sp.view.step, sp.n, to_exec
         self.depth = int(choice.k.max(initial=0))  # the refresh's deepest draft
         ran = sp.d_ctx[(choice.k > 0) & (sp.d_ctx >= 0)]  # plan drafters that drafted
         fav = newcomer if newcomer >= 0 else int(np.argmax(np.bincount(ran))) if ran.size else default
