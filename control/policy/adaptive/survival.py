@@ -261,11 +261,19 @@ class PooledRows:
 
 class LookupRates:
     """Per-position conditional acceptance of an n-gram lookup, one ``PositionRates`` per proposal
-    length a = 1..K (row 0 of ``curves``: a lookup that proposes nothing, survival 0)."""
+    length a = 1..K (row 0 of ``curves``: a lookup that proposes nothing, survival 0).
+
+    The K estimators' counts live in one (K, 2, K) array (each ``PositionRates`` holds a view of its
+    row), so one step's or several steps' outcomes update every proposal length in one pass."""
 
     def __init__(self, K: int, prior: np.ndarray) -> None:
         self.K = K
         self.rates = [PositionRates(K, prior=prior) for _ in range(K)]  # [a - 1]
+        self._counts = np.zeros((K, 2, K))  # (a - 1, trials | successes, position), decayed
+        for a, r in enumerate(self.rates):
+            r._counts = self._counts[a]
+            r.trials, r.succ = r._counts[0], r._counts[1]
+        self.decay = self.rates[0].decay
         self._curves: np.ndarray | None = None
         self._mask = np.arange(K)[None, :] < np.arange(K + 1)[:, None]  # (K+1, K): position j < a
 
@@ -282,20 +290,30 @@ class LookupRates:
         return self._curves
 
     def update(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray) -> None:
-        """One step's outcomes of requests whose lookups proposed ``avail`` (rows,) tokens."""
-        a = np.minimum(avail, self.K)
-        for v in np.unique(a[a > 0]).tolist():
-            sel = a == v
-            self.rates[v - 1].update(tried[sel], accepted[sel], tried[sel])
-        self._curves = None
+        """One step's outcomes of requests whose lookups proposed ``avail`` (rows,) tokens (none: no row)."""
+        on = avail > 0  # (rows,) bool
+        if on.any():
+            self.update_steps(avail[on], accepted[on], tried[on], np.zeros(int(on.sum()), dtype=np.int64))
 
     def update_steps(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray, step: np.ndarray) -> None:
-        """Several steps' outcomes (rows,) at once (``PositionRates.update_steps``), ``step``: each row's step."""
-        a = np.minimum(avail, self.K)
-        for v in np.unique(a).tolist():
-            sel = a == v
-            age, steps = _ages(step[sel])
-            self.rates[v - 1].update_steps(accepted[sel], tried[sel], age, steps)
+        """Several steps' outcomes (rows,) at once, ``avail`` > 0, ``step``: each row's step (non-decreasing). As
+        ``PositionRates.update_steps`` of each proposal length would leave them: the estimator of
+        proposal length a decays once per step with a row of its own, so a row enters with weight
+        decay ** (such steps after its own)."""
+        K = self.K
+        a = np.minimum(avail, K) - 1  # (rows,) estimator row, 0..K-1
+        span = int(step[-1]) + 1 if step.shape[0] else 1
+        uk = np.unique(a * span + step)  # (updates,) distinct (a, step), sorted by a, then step
+        per_a = np.bincount(uk // span, minlength=K)  # (K,) updates per proposal length
+        age = np.cumsum(per_a)[a] - 1 - np.searchsorted(uk, a * span + step)  # (rows,)
+        w = np.power(self.decay, age)  # (rows,)
+        width = 2 * (K + 1)
+        idx = np.concatenate((a * width + np.minimum(tried, K), a * width + (K + 1) + np.minimum(accepted, K)))
+        hist = np.bincount(idx, weights=np.concatenate((w, w)), minlength=K * width).reshape(K, 2, K + 1)
+        self._counts *= np.power(self.decay, per_a)[:, None, None]
+        self._counts += hist[:, :, :0:-1].cumsum(axis=2)[:, :, ::-1]  # columns j = 1..K: counts above j - 1
+        for v in np.flatnonzero(per_a).tolist():
+            self.rates[v]._cache = None
         self._curves = None
 
 

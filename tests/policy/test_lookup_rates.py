@@ -1,0 +1,51 @@
+"""The n-gram lookup's rates per proposal length, learned in one pass over every length."""
+
+import numpy as np
+import pytest
+
+from control.goodput.estimators import PositionRates
+from control.policy.adaptive.survival import LookupRates
+
+K = 6
+
+
+def _rows(rng, steps, n):
+    """Several steps' rows with proposal lengths 1..K+2 (capped at K), non-decreasing steps."""
+    step = np.sort(rng.integers(0, steps, n))
+    avail = rng.integers(1, K + 3, n)
+    tried = np.minimum(rng.integers(1, K + 1, n), np.minimum(avail, K))
+    accepted = np.minimum(rng.integers(0, K + 1, n), tried)
+    return avail, accepted, tried, step
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_pass_over_several_steps_matches_each_proposal_length_learned_on_its_own(seed):
+    """Each proposal length's estimator ends as ``PositionRates.update_steps`` would leave it alone:
+    it decays once per step that has a row of its length, and the lengths past K share row K."""
+    rng = np.random.default_rng(seed)
+    prior = np.linspace(0.8, 0.5, K)
+    lr = LookupRates(K, prior)
+    ref = [PositionRates(K, prior=prior) for _ in range(K)]
+    for _ in range(3):  # three flushes, each of several steps
+        avail, accepted, tried, step = _rows(rng, steps=5, n=40)
+        lr.update_steps(avail, accepted, tried, step)
+        a = np.minimum(avail, K)
+        for v in range(1, K + 1):
+            sel = a == v
+            if sel.any():
+                uniq = np.unique(step[sel])
+                age = (uniq.size - 1) - np.searchsorted(uniq, step[sel])
+                ref[v - 1].update_steps(accepted[sel], tried[sel], age, int(uniq.size))
+    for v in range(K):
+        np.testing.assert_allclose(lr.rates[v]._counts, ref[v]._counts, rtol=1e-12)
+        np.testing.assert_allclose(lr.rates[v].rates, ref[v].rates, rtol=1e-12)
+    np.testing.assert_allclose(lr.curves()[1:], np.cumprod(np.vstack([r.rates for r in ref]), axis=1)
+                               * (np.arange(K)[None, :] < np.arange(1, K + 1)[:, None]), rtol=1e-12)
+
+
+def test_one_step_skips_lookups_that_proposed_nothing():
+    lr = LookupRates(K, np.full(K, 0.6))
+    lr.update(np.array([0, 3, 3]), np.array([0, 2, 3]), np.array([0, 3, 3]))
+    assert lr.rates[2].trials[0] == 2.0 and lr.rates[2].succ[1] == 2.0 and lr.rates[2].succ[2] == 1.0
+    assert sum(r.trials.sum() for r in lr.rates) == lr.rates[2].trials.sum()  # nothing learned for a = 0
+    assert lr.curves()[3, 3:].sum() == 0.0 and lr.curves()[3, 0] > lr.curves()[2, 0]
