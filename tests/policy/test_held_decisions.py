@@ -101,12 +101,12 @@ def test_the_table_drafts_longer_for_higher_acceptance():
 
 
 @pytest.mark.parametrize("change", ["batch", "drafters"])
-def test_a_new_batch_size_bucket_or_drafter_set_forces_a_full_decision(change):
+def test_a_doubled_batch_or_new_drafter_set_forces_a_full_decision(change):
     pol = _policy(8)
     pol.decide(_view(0, np.arange(4)))
     assert not np.isfinite(pol.decide(_view(1, np.arange(4))).predicted_step_ms)
     if change == "batch":
-        v = _view(2, np.arange(9))  # 4 -> 9 requests: another power-of-two bucket
+        v = _view(2, np.arange(9))  # 4 -> 9 requests: more than doubled
     else:
         v = StepView.build(slots=np.arange(4), request_ids=np.arange(4), ctx_lens=np.full(4, 400),
                            remaining=np.full(4, 300), drafters=("ngram", "draft"), max_k=K, free_kv_slots=10**6,
@@ -114,17 +114,16 @@ def test_a_new_batch_size_bucket_or_drafter_set_forces_a_full_decision(change):
     assert np.isfinite(pol.decide(v).predicted_step_ms)
 
 
-@pytest.mark.parametrize("every", [2, 8])
-def test_a_batch_moving_a_little_forces_a_full_decision_only_when_held_long(every):
-    """Held for 8 steps a full batch losing one request (8 -> 7, another power-of-two bucket) is
-    decided in full; held for 2 only a batch that doubled or halved is (8 -> 4 is not, 8 -> 3 is)."""
+def test_a_batch_moving_a_little_keeps_the_held_decision_and_doubling_or_halving_does_not():
+    """At a full batch requests finish and arrive every few steps (8 <-> 7 requests): that holds;
+    a batch that doubled or halved since the full decision gets a new one."""
     m = np.zeros(1, dtype=np.int64)
-    h = HeldDecisions(16, 1, K, every=every)
+    h = HeldDecisions(32, 1, K)
     h.valid, h._step, h._batch, h._map = True, 0, 8, m
-    assert not h.due(8, 1, m)
-    for n in (7, 4, 16):  # another bucket, but not twice or half the batch
-        assert h.due(n, 1, m) == (every == 8), n
+    for n in (8, 7, 4, 16):
+        assert not h.due(n, 1, m), n
     assert h.due(3, 1, m) and h.due(17, 1, m)
+    assert h.due(8, 8, m)  # REFRESH_EVERY steps on
 
 
 def test_refresh_every_must_be_positive():
@@ -137,7 +136,7 @@ def test_refresh_every_must_be_positive():
 def _two_drafter_sim(every, seed):
     """The simulator's two-drafter case (``tests/executors/sim/test_simulator.py``): a draft model at
     0.75 and n-gram lookup the profile rates 0.6 and the workload gives 0.45. Returns the trials on
-    each drafter and the policy."""
+    each drafter and the policy (with the run's ``busy_s``)."""
     from control.bench.simrun import SimSetup
     from control.bench.workloads import poisson
     from control.executors.sim import AcceptanceProcess, SimEngine
@@ -162,28 +161,28 @@ def _two_drafter_sim(every, seed):
                                      minlength=2).astype(np.int64)
             pol.observe(outcome)
 
-    SimEngine(prof.step_cost(["draft", "ngram"]), ("draft", "ngram"), w.arrival_s, w.prompt_tokens,
-              w.output_tokens, proc, setup.config(0)).run(Counting())
+    res = SimEngine(prof.step_cost(["draft", "ngram"]), ("draft", "ngram"), w.arrival_s, w.prompt_tokens,
+                    w.output_tokens, proc, setup.config(0)).run(Counting())
+    pol.busy_s = res.busy_s
     return trials, pol
 
 
-@pytest.mark.parametrize("seed", [3, 6])
-def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_as_little_as_every_step(seed):
-    """Held between refreshes (the default period with several drafters, and 8 steps), the bandit's
-    stages last as many steps as when it decides every step (its clock counts the held steps), and
-    the measured loser gets under 1% of the trials at the default period (under 2% held for 8), as every step (a clock counting consultations
-    gave it 21% held for 8). (On some workload seeds every period, 1 included, drifts to the loser in
-    the bandit's exploitation at the same goodput: docs/controller-cost.md, fifth round.)"""
+@pytest.mark.parametrize("seed", [6, 11])
+def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_little_and_do_not_drift_to_it(seed):
+    """Held between refreshes, the bandit's stages last as many steps as when it decides every step
+    (its clock counts the held steps), the measured loser gets a few percent of the trials, and the
+    run's busy time is within 1% of deciding every step. Seeds 6 and 11 drifted to the loser (76% and
+    98% of the trials, 1.5-2% more busy time) while rewards were tokens per ms, which grow with the
+    batch: the loser, explored at larger batches, looked better (docs/controller-cost.md, sixth round)."""
     every_step, pol1 = _two_drafter_sim(1, seed)
-    assert every_step[1] < 0.01 * every_step.sum()
-    for every in (None, 8):
+    assert every_step[1] < 0.02 * every_step.sum()
+    for every in (None, 2):
         trials, pol = _two_drafter_sim(every, seed)
-        assert pol.held.every == (2 if every is None else every)
+        assert pol.held.every == (8 if every is None else every)
         assert trials[0] > 100 and trials[1] > 0  # both were tried
-        # held for 8 (not the default with several drafters) forgets the pooled rates' decay between
-        # refreshes in bigger bites: 1.7% on seed 3, still far from the 21% of a clock in consultations
-        assert trials[1] < (0.01 if every is None else 0.02) * trials.sum(), (every, trials)
+        assert trials[1] < 0.05 * trials.sum(), (every, trials)
         assert abs(pol.bandit.epoch - pol1.bandit.epoch) <= 1  # the same stages in steps
+        assert pol.busy_s <= 1.01 * pol1.busy_s, (every, pol.busy_s, pol1.busy_s)
 
 
 def test_a_request_arriving_between_refreshes_stays_on_its_drafter_in_the_bandit():

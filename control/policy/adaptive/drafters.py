@@ -69,6 +69,7 @@ class DrafterChoice:
         self._allowed_arr = np.ones(m, dtype=bool)
         self._b_key: StepCostModel | None = None
         self._b_arr = np.zeros(m)
+        self._zero_k = np.zeros(64, dtype=I64)  # ``_zeros``' buffer
 
     def assign(self, sp: StepPlan, to_exec: np.ndarray, cost: StepCostModel, held_steps: int = 0) -> None:
         """Fill ``sp.d_ctx``, ``d_exec``, ``lag`` and ``uniform`` (``to_exec`` (m,): plan -> executor
@@ -240,17 +241,30 @@ class DrafterChoice:
         return fav
 
     def rewards(self, outcome: StepOutcome, d_ctx: np.ndarray, cost: StepCostModel) -> np.ndarray:
-        """(n,) per-request goodput (tokens per ms), the step's cost shared by what each request used."""
+        """(n,) per-request speedup over no speculation in the same step: the tokens each request
+        got per ms of the step's cost it used, over what a plain step of this batch gives per ms.
+
+        Tokens per ms alone grow with the batch (each request's share of a step shrinks), so a drafter
+        measured in larger batches than another looked better than it is, and the bandit's exploitation
+        could settle on a loser; over the plain step's rate the batch divides out."""
         n = outcome.n
+        ctx = outcome.ctx_lens
         # (integer contexts: their sums are exact, so the same floats as summing a float copy)
-        verify_share = cost.verify_ms(outcome.ctx_lens, outcome.verified) / n
+        plain_share = cost.verify_ms(ctx, self._zeros(n)) / n
+        verify_share = cost.verify_ms(ctx, outcome.verified) / n
         if d_ctx[0] >= 0 and is_uniform(d_ctx):
             d = cost.drafters[int(d_ctx[0])]
-            share = verify_share + d.draft_ms(outcome.ctx_lens, outcome.drafted) / n
-            return (outcome.accepted + 1) / max(share, MIN_SHARE_MS)
+            share = verify_share + d.draft_ms(ctx, outcome.drafted) / n
+            return (outcome.accepted + 1) * (plain_share / max(share, MIN_SHARE_MS))
         share = np.full(n, verify_share)  # (n,)
         for i, d in enumerate(cost.drafters):
             sel = d_ctx == i  # (n,) bool
             if sel.any():
-                share[sel] += d.draft_ms(outcome.ctx_lens[sel].astype(np.float64), outcome.drafted[sel]) / sel.sum()
-        return (outcome.accepted + 1) / np.maximum(share, MIN_SHARE_MS)
+                share[sel] += d.draft_ms(ctx[sel].astype(np.float64), outcome.drafted[sel]) / sel.sum()
+        return (outcome.accepted + 1) * (plain_share / np.maximum(share, MIN_SHARE_MS))
+
+    def _zeros(self, n: int) -> np.ndarray:
+        """(n,) zero draft lengths (read-only; grown as needed)."""
+        if self._zero_k.size < n:
+            self._zero_k = np.zeros(max(n, 2 * self._zero_k.size), dtype=I64)
+        return self._zero_k[:n]

@@ -1,11 +1,10 @@
 """Stage: held decisions. The fast path between full decisions: per step, look up; every N steps, optimise.
 
 A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
-``REFRESH_EVERY`` steps after it, when the batch size leaves its power-of-two bucket (held for
-``BANDIT_REFRESH_EVERY``: when it doubles or halves), when the
-executor's drafters or the gate's state changed (every ``BANDIT_REFRESH_EVERY`` steps while the
-drafter bandit chooses among several drafters, and every step while the queued outcomes would still
-move its estimates, ``MOVE_FRACTION``; the bandit's clock counts the held steps, ``bandit.py``).
+``REFRESH_EVERY`` steps after it, when the batch size has doubled or halved since the last one, when
+the executor's drafters or the gate's state changed (with several drafters, every step while the
+queued outcomes would still move the estimates, ``MOVE_FRACTION``; the bandit's clock counts the held
+steps, ``bandit.py``).
 It leaves, per slot, the request's draft length, drafter and confidence cut, and per drafter d a
 table of draft lengths over the acceptance rate:
 
@@ -33,9 +32,8 @@ from control.policy.adaptive.step_plan import StepPlan
 from control.policy.adaptive.survival import AcceptanceModel
 from control.policy.base import I64
 
-REFRESH_EVERY = 8  # steps between full decisions (the optimiser, the bandit, the cuts)
-BANDIT_REFRESH_EVERY = 2  # the same while the drafter bandit chooses among several drafters (a longer hold
-# lags each request's fast-moving posterior: docs/controller-cost.md, section 3, fifth round)
+REFRESH_EVERY = 8  # steps between full decisions (the optimiser, the bandit, the cuts): docs/controller-cost.md,
+# section 3, sixth round
 MOVE_FRACTION = 0.05  # with several drafters, a full decision as well while the queued outcomes hold more
 # draft trials than this share of those learned (early in a run, when one step's outcomes still decide
 # which drafter the bandit explores for a whole stage)
@@ -72,15 +70,7 @@ class HeldDecisions:
     def due(self, n: int, step: int, to_exec: np.ndarray) -> bool:
         """Whether this step needs a full decision."""
         return (self.every == 1 or not self.valid or step - self._step >= self.every or step < self._step
-                or self._moved(n) or to_exec is not self._map)
-
-    def _moved(self, n: int) -> bool:
-        """Whether the batch moved enough since the last full decision to need another: held for a
-        few steps (``BANDIT_REFRESH_EVERY``), once it doubled or halved; held longer, once it left its
-        power-of-two bucket (7 <-> 8 requests, as requests finish and arrive at a full batch)."""
-        if self.every <= BANDIT_REFRESH_EVERY:
-            return n > 2 * self._batch or 2 * n < self._batch
-        return n.bit_length() != self._batch.bit_length()
+                or n > 2 * self._batch or 2 * n < self._batch or to_exec is not self._map)
 
     def admit(self, slots: np.ndarray) -> None:
         """Requests that took ``slots`` since the refresh: the prior's draft length on the favourite."""

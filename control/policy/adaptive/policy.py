@@ -16,8 +16,8 @@ own module with its formula in its docstring:
 7. cuts (``cuts.py``): marginal-cost confidence cuts mapped through each drafter's calibration.
 8. pace (``optimise.py``): each request's smoothed tokens per step, the next step's weights.
 
-That full decision runs every ``REFRESH_EVERY`` steps (``BANDIT_REFRESH_EVERY`` while the drafter
-bandit chooses among several drafters; and when the batch size or the drafters change); in between, a step
+That full decision runs every ``REFRESH_EVERY`` steps (and when the batch size doubled or halved, or
+the drafters changed); in between, a step
 only looks up each request's held draft length, and a new request's from a table over acceptance
 rates (``held.py``). Outcomes are queued and learned, in order, when the next full decision (or a
 reader of the estimates) needs them.
@@ -39,7 +39,7 @@ from control.goodput.stepcost import StepCostModel
 from control.policy.adaptive.cuts import confidence_cuts
 from control.policy.adaptive.drafters import DrafterChoice
 from control.policy.adaptive.gate_stage import GateStage
-from control.policy.adaptive.held import BANDIT_REFRESH_EVERY, MOVE_FRACTION, REFRESH_EVERY, HeldDecisions
+from control.policy.adaptive.held import MOVE_FRACTION, REFRESH_EVERY, HeldDecisions
 from control.policy.adaptive.optimise import Optimiser
 from control.policy.adaptive.probes import probe_unmeasured
 from control.policy.adaptive.refit import CostRefit
@@ -58,8 +58,7 @@ class AdaptivePolicy(BasePolicy):
 
     def __init__(self, ctx: PolicyContext, seed: int = 0, request_strength: float = REQUEST_STRENGTH,
                  refresh_every: int | None = None) -> None:
-        """``refresh_every``: steps between full decisions (1: every step; None: ``REFRESH_EVERY``, or
-        ``BANDIT_REFRESH_EVERY`` with several drafters)."""
+        """``refresh_every``: steps between full decisions (1: every step; None: ``REFRESH_EVERY``)."""
         if refresh_every is not None and refresh_every < 1:
             raise ValueError(f"refresh_every = {refresh_every!r}: must be >= 1 (1: a full decision every step)")
         super().__init__(ctx)
@@ -80,7 +79,7 @@ class AdaptivePolicy(BasePolicy):
         self.gate_stage = GateStage(Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps), self.steps)
         self.choice = DrafterChoice(ctx, self.acceptance.pos, self.steps, self._seed)
         self.optimiser = Optimiser(slots)
-        every = self._every or (REFRESH_EVERY if self.choice.bandit is None else BANDIT_REFRESH_EVERY)
+        every = self._every or REFRESH_EVERY
         self.held = HeldDecisions(slots, len(ctx.drafters), K, every)
         self._held_steps = 0  # look-up steps since the last full decision (the bandit's clock counts them)
         # with several drafters, early outcomes decide which drafter the bandit explores for a whole
