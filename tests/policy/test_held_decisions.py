@@ -126,6 +126,19 @@ def test_a_batch_moving_a_little_keeps_the_held_decision_and_doubling_or_halving
     assert h.due(8, 8, m)  # REFRESH_EVERY steps on
 
 
+def test_more_than_half_the_batch_arriving_since_the_full_decision_forces_another():
+    """Newcomers hold the table's draft length until the next full decision; once they are more
+    than half the batch (at batch 1: every new request) that decision comes at once."""
+    m = np.zeros(1, dtype=np.int64)
+    for n, arrivals in ((1, (1,)), (8, (2, 2, 1))):
+        h = HeldDecisions(32, 1, K)
+        h.valid, h._step, h._batch, h._map = True, 0, n, m
+        for i, a in enumerate(arrivals):
+            assert not h.due(n, 1, m), (n, i)
+            h.admit(np.arange(a))
+        assert h.due(n, 1, m), n
+
+
 def test_refresh_every_must_be_positive():
     with pytest.raises(ValueError, match="refresh_every = 0"):
         _policy(0)
