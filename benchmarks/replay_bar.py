@@ -8,6 +8,8 @@ deterministic: a second run prints the same table.
 
     python benchmarks/replay_bar.py --record control/bench/data/replay-stdlib-quick.npz \
         --profile profiles/cpu/stdlib-quick.yaml [--batches 1,4,16,32] [--policies adaptive,adaptive@ngram]
+    python benchmarks/replay_bar.py --record control/bench/data/replay-stdlib-full.npz \
+        --profile profiles/cpu/stdlib-full.yaml        # the full pair (or profiles/h100/stdlib-full.yaml)
 """
 
 from __future__ import annotations

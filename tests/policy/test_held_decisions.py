@@ -126,17 +126,18 @@ def test_a_batch_moving_a_little_keeps_the_held_decision_and_doubling_or_halving
     assert h.due(8, 8, m)  # REFRESH_EVERY steps on
 
 
-def test_more_than_half_the_batch_arriving_since_the_full_decision_forces_another():
-    """Newcomers hold the table's draft length until the next full decision; once they are more
-    than half the batch (at batch 1: every new request) that decision comes at once."""
-    m = np.zeros(1, dtype=np.int64)
-    for n, arrivals in ((1, (1,)), (8, (2, 2, 1))):
-        h = HeldDecisions(32, 1, K)
-        h.valid, h._step, h._batch, h._map = True, 0, n, m
-        for i, a in enumerate(arrivals):
-            assert not h.due(n, 1, m), (n, i)
-            h.admit(np.arange(a))
-        assert h.due(n, 1, m), n
+def test_a_refresh_whose_requests_all_sat_at_their_caps_does_not_limit_a_newcomer():
+    """A newcomer's draft length is at most the refresh's deepest draft, counted over the requests
+    that were not held back by their own cap: at batch 1 near the end of a request (k capped by the
+    tokens left) the next request is not held to that k."""
+    pol = _policy(8, acceptance={"draft": 0.9})
+    v = replace(_view(0, [7]), remaining=np.array([2]))  # two tokens left: k capped below what pays
+    d = pol.decide(v)
+    assert 0 < d.k[0] < K and pol.held.depth == K  # capped: no limit for the next request
+    pol.reset_slots(np.array([0]))  # request 8 takes the slot
+    d = pol.decide(_view(1, [8]))
+    assert not np.isfinite(d.predicted_step_ms)  # a look-up
+    assert d.k[0] == pol.held.new_k > 2
 
 
 def test_refresh_every_must_be_positive():

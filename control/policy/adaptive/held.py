@@ -1,9 +1,8 @@
 """Stage: held decisions. The fast path between full decisions: per step, look up; every N steps, optimise.
 
 A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
-``REFRESH_EVERY`` steps after it, when the batch size has doubled or halved since the last one or more
-than half of it arrived since (at batch 1: every new request), when the executor's drafters or the
-gate's state changed (with several drafters, every step while the
+``REFRESH_EVERY`` steps after it, when the batch size has doubled or halved since the last one, when
+the executor's drafters or the gate's state changed (with several drafters, every step while the
 queued outcomes would still move the estimates, ``MOVE_FRACTION``; the bandit's clock counts the held
 steps, ``bandit.py``).
 It leaves, per slot, the request's draft length, drafter and confidence cut, and per drafter d a
@@ -58,7 +57,6 @@ class HeldDecisions:
         self.valid = False  # a full decision to hold exists
         self._step = -1  # step of the last full decision
         self._batch = 0  # batch size of the last full decision
-        self._arrived = 0  # requests admitted since it (held on the table's draft length)
         self._map = None  # the executor drafter map the held indices refer to
         self.K = K
 
@@ -72,14 +70,13 @@ class HeldDecisions:
     def due(self, n: int, step: int, to_exec: np.ndarray) -> bool:
         """Whether this step needs a full decision."""
         return (self.every == 1 or not self.valid or step - self._step >= self.every or step < self._step
-                or n > 2 * self._batch or 2 * n < self._batch or 2 * self._arrived > n or to_exec is not self._map)
+                or n > 2 * self._batch or 2 * n < self._batch or to_exec is not self._map)
 
     def admit(self, slots: np.ndarray) -> None:
         """Requests that took ``slots`` since the refresh: the prior's draft length on the favourite."""
         if self._table_for is not None:  # the first arrival since the refresh builds the table
             self._rebuild(*self._table_for)
             self._table_for = None
-        self._arrived += int(slots.shape[0])
         self.k[slots] = self.new_k
         self.drafter[slots] = self.new_drafter
         self.cut[slots] = NO_CUT
@@ -99,8 +96,11 @@ class HeldDecisions:
         self.has_cut = sp.conf_cut is not None
         if self.has_cut:
             self.cut[slots] = sp.conf_cut
-        self.valid, self._step, self._batch, self._map, self._arrived = True, sp.view.step, sp.n, to_exec, 0
-        self.depth = int(choice.k.max(initial=0))  # the refresh's deepest draft
+        self.valid, self._step, self._batch, self._map = True, sp.view.step, sp.n, to_exec
+        # the refresh's deepest draft among requests not held back by a cap of their own, below max_k
+        # (at batch 1 near the end of a request its k is capped by the tokens left: then no limit)
+        free = choice.k[(choice.k < sp.cap) | (sp.cap >= self.K)]
+        self.depth = int(free.max()) if free.size else self.K
         ran = sp.d_ctx[(choice.k > 0) & (sp.d_ctx >= 0)]  # plan drafters that drafted
         fav = newcomer if newcomer >= 0 else int(np.argmax(np.bincount(ran))) if ran.size else default
         self.new_drafter = max(int(to_exec[fav]), 0) if to_exec.size else 0
