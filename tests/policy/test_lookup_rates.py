@@ -26,8 +26,11 @@ def test_one_pass_over_several_steps_matches_each_proposal_length_learned_on_its
     prior = np.linspace(0.8, 0.5, K)
     lr = LookupRates(K, prior)
     ref = [PositionRates(K, prior=prior) for _ in range(K)]
-    for _ in range(3):  # three flushes, each of several steps
+    for flush in range(3):  # three flushes, each of several steps (the last with its rows out of step order)
         avail, accepted, tried, step = _rows(rng, steps=5, n=40)
+        if flush == 2:
+            p = rng.permutation(step.shape[0])
+            avail, accepted, tried, step = avail[p], accepted[p], tried[p], step[p]
         lr.update_steps(avail, accepted, tried, step)
         a = np.minimum(avail, K)
         for v in range(1, K + 1):

@@ -296,13 +296,13 @@ class LookupRates:
             self.update_steps(avail[on], accepted[on], tried[on], np.zeros(int(on.sum()), dtype=np.int64))
 
     def update_steps(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray, step: np.ndarray) -> None:
-        """Several steps' outcomes (rows,) at once, ``avail`` > 0, ``step``: each row's step (non-decreasing). As
+        """Several steps' outcomes (rows,) at once, ``avail`` > 0, ``step``: each row's step (>= 0). As
         ``PositionRates.update_steps`` of each proposal length would leave them: the estimator of
         proposal length a decays once per step with a row of its own, so a row enters with weight
         decay ** (such steps after its own)."""
         K = self.K
         a = np.minimum(avail, K) - 1  # (rows,) estimator row, 0..K-1
-        span = int(step[-1]) + 1 if step.shape[0] else 1
+        span = int(step.max()) + 1 if step.shape[0] else 1
         uk = np.unique(a * span + step)  # (updates,) distinct (a, step), sorted by a, then step
         per_a = np.bincount(uk // span, minlength=K)  # (K,) updates per proposal length
         age = np.cumsum(per_a)[a] - 1 - np.searchsorted(uk, a * span + step)  # (rows,)
