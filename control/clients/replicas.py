@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from control.clients.triton import MODEL, GenParams, RequestError, Result, grpc_addresses, stream_generate
 
 REPLICA_GONE = ("unavailable", "failed to connect", "connection refused", "connection reset", "socket closed",
-                "without the final response", "broken pipe", "goaway", "end of tcp stream", "transport")
+                "without the final response", "broken pipe", "goaway", "end of tcp stream", "transport",
+                # grpc.aio reports a write on a stream its connection lost as INTERNAL, 'Failed
+                # "execute_batch": (SendMessageOperation,)' (grpc/grpc#36066); seen when a replica is killed
+                'failed "execute_batch"')
 COOLDOWN_S = 5.0
 MAX_ATTEMPTS = 3
 
