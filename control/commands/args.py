@@ -39,6 +39,19 @@ def on_off(text: str) -> bool:
     return v
 
 
+AUTO = "auto"
+
+
+def on_off_auto(text: str) -> bool | None:
+    """``on``, ``off`` or ``auto`` (any case) as True, False or None (auto: the program decides)."""
+    v = text.strip().lower()
+    if v == AUTO:
+        return None
+    if v not in ON_OFF:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of: {', '.join([*ON_OFF, AUTO])}")
+    return ON_OFF[v]
+
+
 def port(text: str) -> int:
     try:
         v = int(text)

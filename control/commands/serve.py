@@ -7,7 +7,7 @@ import datetime as _dt
 from pathlib import Path
 
 from control.commands import args as A
-from control.triton.deploy import DEFAULT_OVERLAP_POLICY
+from control.triton.deploy import DEFAULT_OVERLAP_POLICY, OVERLAP_MIN_PASS_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +34,10 @@ def add_deployment_args(p: argparse.ArgumentParser, *, engine_required: bool = T
                    help="the most tokens one request may ask for (default 1024)")
     p.add_argument("--instances", type=A.positive_int, default=1, help="llm model instances (default 1)")
     p.add_argument("--threads", type=A.positive_int, default=1, help="torch threads per instance (default 1)")
-    p.add_argument("--overlap-policy", type=A.on_off, default=DEFAULT_OVERLAP_POLICY, metavar="on|off",
+    p.add_argument("--overlap-policy", type=A.on_off_auto, default=DEFAULT_OVERLAP_POLICY, metavar="auto|on|off",
                    help="the policy decides step t+1 on a worker thread while step t's passes run, from estimates one "
-                        f"step stale; greedy output is the same (default {'on' if DEFAULT_OVERLAP_POLICY else 'off'}: "
+                        "step stale; greedy output is the same (default auto: on when the target's fixed pass time is "
+                        f"at least {OVERLAP_MIN_PASS_MS:g} ms and a core is free for the thread; "
                         "docs/controller-cost.md, 'Off the critical path in the live server')")
     p.add_argument("--http-port", type=_port0, default=8000,
                    help="HTTP port (default 8000; 0 = any free): `specctl serve` puts its front end here (OpenAI API "

@@ -35,9 +35,14 @@ from control.policyspec import DEFAULT_MAX_K
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_TIMEOUT_S = 10  # tritonserver's wait for in-flight work and model unload at shutdown
 TOKEN_FILE = "control-token"  # in the run directory, owner-only; the llm model's config names it
-# The reference engine's policy on a worker thread during the passes (EngineConfig.overlap_policy),
-# chosen from the live CPU server's measurements (docs/controller-cost.md).
-DEFAULT_OVERLAP_POLICY = False
+# The reference engine's policy on a worker thread during the passes (EngineConfig.overlap_policy);
+# None: auto (``overlap_for``), chosen from the live CPU server's measurements (docs/controller-cost.md).
+DEFAULT_OVERLAP_POLICY: bool | None = None
+# auto puts the policy on its worker when the target's fixed pass time is at least this long: such
+# passes run mostly inside torch's kernels, which release the GIL, so the worker decides beside them
+# (the full CPU pair, 17.7 ms); shorter ones are Python-bound and the worker's time reappears inside
+# them (the quick pair, 0.5 ms)
+OVERLAP_MIN_PASS_MS = 5.0
 STATE_FILE = "control-state.json"  # the service's overrides and plan version, kept across its restarts
 
 
@@ -53,7 +58,7 @@ class DeploymentConfig:
     instances: int = 1
     threads: int = 1
     drafter: str = ""
-    overlap_policy: bool = DEFAULT_OVERLAP_POLICY
+    overlap_policy: bool | None = DEFAULT_OVERLAP_POLICY  # None: auto (overlap_for)
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -103,6 +108,21 @@ def resolve_profile(engine_dir: Path, profile: Path | None, run_dir: Path,
     return out
 
 
+def overlap_for(target_pass_ms: float, threads: int, instances: int, cores: int) -> tuple[bool, str]:
+    """``--overlap-policy auto``'s choice, and why: on when the target's fixed pass time hides the policy
+    and a core is left for the worker thread."""
+    if target_pass_ms < OVERLAP_MIN_PASS_MS:
+        return False, f"the target's fixed pass time, {target_pass_ms:.1f} ms, is under {OVERLAP_MIN_PASS_MS:g} ms"
+    if threads * instances >= cores:
+        return False, f"no core left for the policy's thread ({instances} instance(s) x {threads} torch thread(s), {cores} cores)"
+    return True, f"the target's fixed pass time, {target_pass_ms:.1f} ms, hides it on a free core"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -140,6 +160,7 @@ class Deployment:
         self.service_proc: subprocess.Popen | None = None
         self.triton = None
         self.profile_path: Path | None = None
+        self.overlap_policy: bool | None = cfg.overlap_policy  # resolved (auto's choice) at start
 
     # -- endpoints ---------------------------------------------------------------------------------
     @property
@@ -176,6 +197,14 @@ class Deployment:
         check_ports(ports, c.host)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.profile_path = resolve_profile(Path(c.engine_dir), c.profile, self.run_dir, self.say)
+        overlap = c.overlap_policy
+        if overlap is None:
+            from control.profile import load_profile
+
+            pass_ms = load_profile(self.profile_path).models["target"].c_ms
+            overlap, why = overlap_for(pass_ms, c.threads, c.instances, usable_cores())
+            self.say(f"policy on a worker thread beside the passes: {'on' if overlap else 'off'} (auto: {why})")
+        self.overlap_policy = overlap
         try:
             if c.service:
                 self.start_service()
@@ -185,7 +214,7 @@ class Deployment:
                                    control_url=self.control_url if c.service else "",
                                    control_token_file=token_file, max_k=c.max_k,
                                    max_batch=c.max_batch, max_tokens=c.max_tokens, instances=c.instances,
-                                   threads=c.threads, drafter=c.drafter, overlap_policy=c.overlap_policy,
+                                   threads=c.threads, drafter=c.drafter, overlap_policy=overlap,
                                    decoupled=c.decoupled)
             self.say(f"starting tritonserver (model repository {repo})")
             self.triton = TritonServer(repo, self.run_dir, http_port=c.http_port, grpc_port=c.grpc_port,

@@ -33,6 +33,9 @@ def test_a_published_plan_reaches_the_agent_within_1s_and_changes_k(deployment, 
     assert plain.drafted == 0
     assert plain.token_ids == spec.token_ids  # lossless either way
     assert model_stats(deployment.http_url)["agent"]["policy"] == "none"
+    # the deployment left --overlap-policy at auto: the quick pair's short passes keep the policy inline
+    assert deployment.cfg.overlap_policy is None and deployment.overlap_policy is False
+    assert st["overlap_policy"] is False
 
 
 def test_per_request_num_draft_tokens_caps_k(deployment, policy):

@@ -52,7 +52,7 @@ def test_serve_refuses_a_bad_value_in_one_line():
     r = subprocess.run([sys.executable, "-m", "control", "serve", "--engine-dir", "x", "--overlap-policy", "maybe"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert "--overlap-policy: 'maybe' is not one of: on, off" in r.stderr.strip().splitlines()[-1]
+    assert "--overlap-policy: 'maybe' is not one of: on, off, auto" in r.stderr.strip().splitlines()[-1]
 
 
 def test_serve_passes_it_to_the_deployment(tmp_path, quick_engines):
@@ -64,9 +64,35 @@ def test_serve_passes_it_to_the_deployment(tmp_path, quick_engines):
     p = argparse.ArgumentParser()
     add_deployment_args(p)
     base = ["--engine-dir", str(quick_engines), "--run-dir", str(tmp_path)]
-    assert deployment_config(p.parse_args(base)).overlap_policy is DEFAULT_OVERLAP_POLICY
+    assert DEFAULT_OVERLAP_POLICY is None  # auto
+    assert deployment_config(p.parse_args(base)).overlap_policy is None
+    assert deployment_config(p.parse_args([*base, "--overlap-policy", "Auto"])).overlap_policy is None
     assert deployment_config(p.parse_args([*base, "--overlap-policy", "on"])).overlap_policy is True
     assert deployment_config(p.parse_args([*base, "--overlap-policy", "OFF"])).overlap_policy is False
+
+
+@pytest.mark.parametrize("pair, threads, cores, want", [
+    ("stdlib-full", 1, 2, True),  # a 17.7 ms pass, a free core
+    ("stdlib-full", 2, 2, False),  # torch's threads take every core
+    ("stdlib-full", 1, 1, False),
+    ("stdlib-quick", 1, 2, False),  # a 0.5 ms pass: Python-bound, the worker would slow it
+])
+def test_auto_puts_the_policy_beside_long_passes_on_a_free_core(pair, threads, cores, want):
+    from control.profile import load_profile
+    from control.triton.deploy import ROOT, overlap_for
+
+    pass_ms = load_profile(ROOT / "profiles" / "cpu" / f"{pair}.yaml").models["target"].c_ms
+    on, why = overlap_for(pass_ms, threads, 1, cores)
+    assert on is want
+    assert f"{pass_ms:.1f} ms" in why or "no core left" in why
+
+
+def test_auto_counts_every_instance_s_threads():
+    from control.triton.deploy import OVERLAP_MIN_PASS_MS, overlap_for
+
+    assert overlap_for(OVERLAP_MIN_PASS_MS, 1, 1, 4)[0]
+    assert not overlap_for(OVERLAP_MIN_PASS_MS, 1, 4, 4)[0]
+    assert not overlap_for(OVERLAP_MIN_PASS_MS * 0.99, 1, 1, 4)[0]
 
 
 @pytest.mark.e2e
