@@ -54,7 +54,7 @@ def test_an_off_gate_opens_probe_windows_backing_off_while_they_leave_it_off():
     # doubled up to 2^PROBE_BACKOFF x, and nothing in between
     starts = [s for s in opened if s - 1 not in opened]
     assert starts[0] == 1 + EVERY
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert gaps[: PROBE_BACKOFF + 2] == [EVERY << min(j, PROBE_BACKOFF) for j in range(PROBE_BACKOFF + 2)]
     assert all(set(range(s, s + PROBE_STEPS)) == {x for x in opened if s <= x < s + EVERY} for s in starts[:-1])
 

@@ -159,7 +159,7 @@ def test_policy_off_the_critical_path(loaded, prompts, reference, spec):
     worker.thread.join(5)
     assert not worker.thread.is_alive()
     assert 0 < worker.cpu_ms <= worker.busy_ms + 1  # CPU time within wall time (clock granularity)
-    assert 0 <= worker.wait_ms
+    assert worker.wait_ms >= 0
     decode_steps = eng.step_no
     assert worker.jobs >= decode_steps - 3  # a job per decode step (none before the first)
     assert threads.count("policy-worker") == worker.jobs
