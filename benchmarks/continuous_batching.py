@@ -20,7 +20,8 @@ A policy may name its drafters: ``fixed:3@draft-tiny`` runs draft-tiny (first na
 one new requests prefill), ``adaptive@draft-small+ngram`` chooses between those two; ``adaptive-1d``
 is adaptive on the engine's first draft model only. A ``+stale`` suffix (``adaptive+stale``) runs
 the policy one step stale (``control.policy.stale.OneStepStale``: it decides step t+1 before it
-learns step t's outcome, as under an overlap scheduler).
+learns step t's outcome, as under an overlap scheduler); ``+overlap`` runs it on the engine's own
+worker thread (``EngineConfig.overlap_policy``), as ``specctl serve`` does on long passes.
 
     python benchmarks/continuous_batching.py --engine-dir engines/cpu --batch 16 [--requests 64]
         [--policies fixed:2,fixed:3,adaptive,adaptive-1d] [--repeats 2] [--threads 1]
@@ -95,6 +96,8 @@ def main(argv=None) -> int:
     lengths = np.clip(rng.lognormal(np.log(args.max_tokens) - 0.18, 0.6, args.requests), 4, 4 * args.max_tokens).astype(int)
 
     def make(spec: str):
+        if spec.endswith("+overlap"):  # the engine's own worker decides a step ahead (EngineConfig)
+            return make(spec.removesuffix("+overlap"))
         if spec.endswith("+stale"):
             from control.policy.stale import OneStepStale
 
@@ -119,6 +122,7 @@ def main(argv=None) -> int:
             policy, default, cost = make(spec)
             clock = ModelClock(policy, cost, replace_times=args.model_times)
             cfg = EngineConfig(max_batch=args.batch, max_k=args.max_k, default_drafter=default,
+                               overlap_policy=spec.endswith("+overlap"),
                                max_len=args.prompt_len + int(lengths.max()) + 1)
             eng = ReferenceEngine(loaded.target, loaded.drafters, clock, cfg)
             for p, n in zip(prompts, lengths, strict=True):
@@ -132,6 +136,7 @@ def main(argv=None) -> int:
                 verified += st.verified
                 accepted += st.accepted
                 ks += list(st.k)
+            eng.close()  # with +overlap: the last step's outcome, held for the worker, reaches the clock
             wall = time.perf_counter() - t0
             tok_s[spec].append(gen / wall)
             model_tok_s[spec].append(gen / max(clock.ms, 1e-9) * 1e3)
@@ -180,6 +185,8 @@ class ModelClock:
         self.drafters: tuple[str, ...] = ()  # the executor's drafter names (outcomes index them)
         if hasattr(policy, "prune"):
             self.prune = policy.prune
+        if hasattr(policy, "wants_fresh"):
+            self.wants_fresh = policy.wants_fresh
 
     def decide(self, view):
         self.drafters = view.drafters

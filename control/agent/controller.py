@@ -253,6 +253,10 @@ class Agent:
             self._error(f"policy {self._policy.name} failed in prune: {type(e).__name__}: {e}")
             return drafted
 
+    def wants_fresh(self) -> bool:
+        ask = getattr(self._policy, "wants_fresh", None)
+        return bool(ask()) if ask is not None else False
+
     def observe(self, outcome: StepOutcome) -> None:
         self.steps += 1
         try:

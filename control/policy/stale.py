@@ -51,6 +51,10 @@ class OneStepStale:
 
     def decide(self, view: StepView) -> Decision:
         held, self._held = self._held, None
+        ask = getattr(self.inner, "wants_fresh", None)
+        if held is not None and ask is not None and ask():  # as an overlapping engine would: decide fresh
+            self.inner.observe(held)
+            held = None
         if held is not None and held.n and view.n:
             held = self._deliver_reused(held, view)
         decision = self.inner.decide(view)

@@ -260,6 +260,16 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class FreshWanted(Protocol):
+    """Optional: a policy that says when one-step-stale decisions would cost it (an engine that
+    prepares step t+1's decision during step t then decides that step on its loop, fresh)."""
+
+    def wants_fresh(self) -> bool:
+        """Whether the next decision should see every outcome so far."""
+        ...
+
+
+@runtime_checkable
 class Verifier(Protocol):
     """Optional: a policy that prunes drafted tokens before verification (SpecServe 5.2)."""
 

@@ -53,7 +53,8 @@ def build_reference(p: ModelParams, instance: str) -> Hosted:
         if worker is not None:  # policy_ms is then the step loop's share: hand-over + wait (policy_wait_ms)
             doc.update(policy_worker_ms=round(worker.busy_ms, 3), policy_worker_cpu_ms=round(worker.cpu_ms, 3),
                        policy_wait_ms=round(worker.wait_ms, 3),
-                       policy_worker_jobs=worker.jobs, policy_prepared_used=worker.used)
+                       policy_worker_jobs=worker.jobs, policy_prepared_used=worker.used,
+                       policy_fresh_steps=engine.calls.fresh_steps)
         return doc
 
     return Hosted(

@@ -54,6 +54,16 @@ def test_adaptive_runs_on_corpus_prompts_with_model_times(tiny_engine_dir, tmp_p
     assert len(model) == 2 and model[0] == model[1] > 0, r.stdout
 
 
+def test_fixed_k_on_the_engine_s_overlap_worker_gives_the_same_model_clock(tiny_engine_dir, tmp_path):
+    """+overlap: the engine's worker decides a step ahead; fixed k ignores what it learns, so the model
+    clock (with the last step's outcome, drained at close) equals the inline run's."""
+    r = _run(tiny_engine_dir, "--batch", "3", "--requests", "6", "--max-tokens", "10", "--prompt-len", "16",
+             "--repeats", "1", "--model-times", "--policies", "fixed:2,fixed:2+overlap", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = dict(re.findall(r"repeat \d +(\S+): +[\d.]+ tok/s, model +([\d.]+)", r.stdout))
+    assert set(model) == {"fixed:2", "fixed:2+overlap"} and model["fixed:2"] == model["fixed:2+overlap"], r.stdout
+
+
 def test_model_times_replace_what_the_policy_observes():
     """--model-times: the policy sees the profile's verify and draft times for what ran, not the
     machine's; without it, the measured ones. The model clock adds the same either way."""

@@ -104,3 +104,46 @@ def test_the_stale_benchmark_names_a_missing_profile(capsys):
 
     assert main(["--profile", "no/such/profile.yaml"]) == 2
     assert "profile 'no/such/profile.yaml' not found" in capsys.readouterr().err
+
+
+def test_adaptive_wants_fresh_decisions_only_while_its_drafter_bandit_is_young():
+    from control.policy.adaptive.policy import FRESH_EPOCHS
+
+    one = build_policy("adaptive", _plan(), seed=3)
+    assert one.bandit is None and not one.wants_fresh()  # one drafter: nothing to settle
+    several = build_policy("adaptive", compile_plan(make_profile(), max_k=8), seed=3)
+    assert several.bandit is not None and several.wants_fresh()
+    several.bandit.epoch = FRESH_EPOCHS
+    assert several.wants_fresh()
+    several.bandit.epoch = FRESH_EPOCHS + 1
+    assert not several.wants_fresh()
+
+
+def test_a_stale_wrapper_decides_fresh_while_the_policy_asks_for_it():
+    class Asking:
+        name = "asking"
+
+        def __init__(self):
+            self.fresh, self.seen = True, []
+
+        def wants_fresh(self):
+            return self.fresh
+
+        def decide(self, view):
+            self.seen.append(("decide", view.step))
+            return build_policy("none", _plan()).decide(view)
+
+        def observe(self, outcome):
+            self.seen.append(("observe", outcome.step))
+
+    inner = Asking()
+    stale = OneStepStale(inner)
+    for step in range(4):
+        inner.fresh = step < 2
+        v = _view(step, [10])
+        stale.decide(v)
+        k = np.zeros(1, dtype=np.int64)
+        stale.observe(_outcome(v, k, k, k))
+    # step 1 (fresh) decided after step 0's outcome; from step 2 on each outcome arrives after the next decision
+    assert inner.seen == [("decide", 0), ("observe", 0), ("decide", 1), ("decide", 2), ("observe", 1),
+                          ("decide", 3), ("observe", 2)]

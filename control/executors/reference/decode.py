@@ -42,7 +42,7 @@ class ReferenceStep:
         e = self.e
         if e.calls.worker is not None:
             tp = e.clock()
-            e.calls.launch(self.policy, e._next_view())
+            e.calls.launch(self.policy, e._next_view(), self.stats)
             self.stats.policy_ms += (e.clock() - tp) * 1e3
         k, d, cut = plan.k, plan.drafter, plan.conf_cut
         n = int(self.dec.size)

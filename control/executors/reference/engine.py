@@ -220,14 +220,16 @@ class ReferenceEngine:
         return self.calls.worker
 
     def close(self) -> None:
-        """End the overlap worker's thread, if any, after its job in flight; the engine must not step
-        after. A step still running after ``CLOSE_WAIT_S`` keeps its job: the thread ends after it."""
+        """End the overlap worker's thread, if any, after its job in flight, and observe the last
+        step's outcome it was holding; the engine must not step after. A step still running after
+        ``CLOSE_WAIT_S`` keeps its job: the thread ends after it."""
         worker = self.calls.worker
         if worker is None:
             return
         if self._step_lock.acquire(timeout=CLOSE_WAIT_S):
             try:
                 worker.close()
+                self.calls.drain()
             finally:
                 self._step_lock.release()
         else:
@@ -434,7 +436,7 @@ class ReferenceEngine:
             total_ms=(self.clock() - t_start) * 1e3, now=self.clock() - self._t0, step=view.step,
             prev_loop_ms=self._loop_prev[0], prev_loop_requests=self._loop_prev[1],
         )
-        if self.calls.worker is not None:
+        if self.calls.worker is not None and not self.calls.fresh:
             self.calls.hold(policy, outcome)  # observed by the worker during the next step, after it decides
         else:
             tp = self.clock()

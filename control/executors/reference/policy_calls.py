@@ -27,6 +27,8 @@ class PolicyCalls:
     def __init__(self, overlap: bool, policy_name: Callable[[], str]) -> None:
         self.worker = PolicyWorker() if overlap else None
         self._held: tuple[Policy, StepOutcome] | None = None  # last outcome, with the policy it belongs to
+        self.fresh = False  # overlap: this step's outcome is observed at once and the next decided on the loop
+        self.fresh_steps = 0  # overlap: steps so handled because the policy wanted fresh decisions
         self._name = policy_name
         self.errors = 0
         self.last_error: str | None = None
@@ -64,9 +66,35 @@ class PolicyCalls:
         self.worker.used += decision is not None
         return decision
 
-    def launch(self, policy: Policy, next_view: StepView | Callable[[], StepView]) -> None:
-        """overlap: hand the worker the last outcome and the next step's predicted view."""
+    def drain(self) -> None:
+        """overlap: observe the outcome still held for the worker (the engine's last step), here."""
+        held, self._held = self._held, None
+        if held is not None:
+            self.call(IterationStats(step=-1), "observe", held[0].observe, held[1])
+
+    def launch(self, policy: Policy, next_view: StepView | Callable[[], StepView], stats: IterationStats) -> None:
+        """overlap: hand the worker the last outcome and the next step's predicted view; or, while the
+        policy wants fresh decisions (``wants_fresh``), observe the outcome here and give the worker
+        nothing, so this step's outcome is observed at once and the next step decides on the loop."""
         self.worker.collect()  # a job left from a step without decoding (its decision is stale)
         held, self._held = self._held, None
         outcome = held[1] if held is not None and held[0] is policy else None  # a replaced policy's: dropped
+        self.fresh = wants_fresh(policy)
+        if self.fresh:
+            self.fresh_steps += 1
+            if outcome is not None:
+                self.call(stats, "observe", policy.observe, outcome)
+            return
         self.worker.submit(policy, outcome, next_view)
+
+
+def wants_fresh(policy: Policy) -> bool:
+    """Whether ``policy`` asks for decisions that see every outcome so far (``FreshWanted``); a
+    policy without the method, or whose method fails, is served one step stale."""
+    ask = getattr(policy, "wants_fresh", None)
+    if ask is None:
+        return False
+    try:
+        return bool(ask())
+    except Exception:  # noqa: BLE001 - the question is advisory: the stale path is always correct
+        return False

@@ -51,6 +51,7 @@ from control.policy.gate import Gate
 from control.policy.types import Decision, StepOutcome, StepView, stopped_short
 
 REQUEST_STRENGTH = 8.0  # pseudo-trials the pooled rate is worth in a request's Beta posterior
+FRESH_EPOCHS = 3  # bandit epochs decided on every outcome so far, even by an engine that prepares a step ahead
 
 
 class AdaptivePolicy(BasePolicy):
@@ -179,6 +180,13 @@ class AdaptivePolicy(BasePolicy):
             self._asked_prev = np.concatenate([self._asked_prev, np.zeros(size - self._asked_prev.size, dtype=I64)])
             self.optimiser.grow(size)
             self.held.grow(size)
+
+    def wants_fresh(self) -> bool:
+        """With several drafters, while the bandit is in its first ``FRESH_EPOCHS`` epochs: which
+        draft model it settles on follows from its first outcomes, and one step of staleness changes
+        that path (docs/controller-cost.md, section 4)."""
+        b = self.bandit
+        return b is not None and b.epoch <= FRESH_EPOCHS
 
     def _runnable(self) -> list[int]:
         """Plan drafter indices the executor runs (all of them before the first step maps them)."""

@@ -172,6 +172,50 @@ def test_policy_off_the_critical_path(loaded, prompts, reference, spec):
     assert sum(int(o.verified.sum()) for o in rec.outcomes) > 0
 
 
+def test_a_policy_that_wants_fresh_decisions_is_decided_on_the_loop_until_it_stops(loaded, prompts, reference):
+    """overlap_policy with a policy whose ``wants_fresh`` holds for its first outcomes: those steps
+    give the worker nothing and decide on the engine thread, each after observing the step before;
+    then the worker takes over, one step stale. Every outcome is observed once, in order."""
+    import threading
+
+    fresh_for = 6
+    events: list[tuple[str, int, str]] = []  # (call, step, thread)
+
+    class FreshFirst(Recorder):
+        def wants_fresh(self):
+            return len(self.outcomes) < fresh_for
+
+        def decide(self, view):
+            events.append(("decide", view.step, threading.current_thread().name))
+            return super().decide(view)
+
+        def observe(self, outcome):
+            events.append(("observe", outcome.step, threading.current_thread().name))
+            super().observe(outcome)
+
+    rec = FreshFirst(ChaosPolicy(5))
+    eng = make_engine(loaded, rec, overlap_policy=True)
+    out = run_schedule(eng, schedule(prompts))
+    assert_same(out, reference)
+    assert eng.policy_errors == 0
+    worker = eng.policy_worker
+    eng.close()
+    steps = [o.step for o in rec.outcomes]
+    assert steps == sorted(set(steps)) and len(steps) >= eng.step_no - 2  # once each, in order
+    decides = [(step, thread) for call, step, thread in events if call == "decide"]
+    seen: set[int] = set()
+    fresh_steps = 0
+    for call, step, thread in events:
+        if call == "observe":
+            seen.add(step)
+        elif len(seen) < fresh_for:  # the fresh phase: on the loop, every earlier decode step known
+            fresh_steps += 1
+            assert thread != "policy-worker" and {s for s in steps if s < step} <= seen, (step, sorted(seen))
+    assert fresh_steps >= fresh_for and eng.calls.fresh_steps >= fresh_for - 1
+    assert worker.jobs > 0 and worker.used > 0  # then prepared a step ahead
+    assert sum(t == "policy-worker" for _, t in decides) == worker.jobs
+
+
 def test_overlap_policy_must_be_a_bool():
     from control.errors import ConfigError
     from control.executors.reference.engine import EngineConfig
