@@ -254,6 +254,7 @@ class Agent:
             return drafted
 
     def wants_fresh(self) -> bool:
+        """The wrapped policy's ``wants_fresh`` (False without one): an overlap engine asks the agent."""
         ask = getattr(self._policy, "wants_fresh", None)
         return bool(ask()) if ask is not None else False
 
