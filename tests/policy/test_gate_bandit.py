@@ -367,3 +367,26 @@ def test_bandit_clock_counts_steps_however_often_it_is_consulted():
     b.assign(slots)
     b.advance(3 + 2)  # the rest of exploration, and epoch 1's 2-step exploitation
     assert b.exploring and b.epoch == 2 and b.draws_next()
+
+
+def test_while_exploring_a_step_s_draft_model_is_the_likeliest_best_not_the_most_drawn():
+    """One draft model per step: outside exploration the most used one; while the bandit explores, the
+    drawn model its posterior makes likeliest best (the favourite on a near tie), so a first step whose
+    draws favour the worse model does not put every request on it and leave the other behind."""
+    from control.plan import compile_plan
+    from control.policy import build_policy
+    from control.policy.adaptive.drafters import EXPLORE_TIE
+
+    pol = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, default_drafter="small"))
+    choice, bandit = pol.choice, pol.bandit
+    drawn = np.array([0, 0, 0, 1])  # plan indices: small drawn for three requests, tiny for one
+    bandit.exploring, bandit.explore_p = True, np.array([0.3, 0.7])
+    choice.fav = 0
+    assert choice._one_model_per_step(drawn).tolist() == [1, 1, 1, 1]  # tiny, likeliest best
+    bandit.explore_p = np.array([0.5 - EXPLORE_TIE / 4, 0.5 + EXPLORE_TIE / 4])
+    assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 0]  # a near tie: the favourite stays
+    choice.fav = 1
+    assert choice._one_model_per_step(np.array([0, 0, 0, 0])).tolist() == [0, 0, 0, 0]  # only drawn models
+    bandit.exploring = False
+    bandit.explore_p = np.array([0.3, 0.7])
+    assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 0]  # exploiting: the most used

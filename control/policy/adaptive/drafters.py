@@ -7,8 +7,9 @@ Exploration draws each drafter with its posterior probability of being the best 
     best_i = max_k (1 - rate_i^(k+1)) / (1 - rate_i) / (T_i(n, S, k) + catch-up_i)
     P(i) = share of THOMPSON_SAMPLES draws in which drafter i has the largest best_i.
 
-Requests the bandit puts on different draft models in one step all move to the most used one (each
-model in a step pays its own k passes); new requests prefill the model that drafted most last step.
+Requests the bandit puts on different draft models in one step all move to one of them (each model
+in a step pays its own k passes): the most used one, or while exploring the one likeliest best, the
+favourite on a near tie; new requests prefill the model that drafted most last step.
 Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share).
 
 An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail``; 0 without a
@@ -41,6 +42,8 @@ PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploratio
 THOMPSON_SAMPLES = 32  # posterior draws per exploring step
 EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of being best stays above this:
 # below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
+EXPLORE_TIE = 0.25  # while exploring, a step's draft model stays the favourite unless another one drawn
+# is likelier best by more than this (one model per step)
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
 
@@ -202,15 +205,24 @@ class DrafterChoice:
         return np.where(to_exec >= 0, per_req.sum(axis=0) * self._per_token_b(cost), 0.0)
 
     def _one_model_per_step(self, d_ctx: np.ndarray) -> np.ndarray:
-        """(n,) ``d_ctx`` with every draft-model request moved to the most used draft model (each model
-        in a step runs its own k passes; n-gram lookup costs per request and mixes freely;
-        docs/decisions.md, 2026-11-22)."""
+        """(n,) ``d_ctx`` with every draft-model request moved to one draft model: the most used, or
+        while the bandit explores the likeliest best (module doc). Each model in a step runs its own k
+        passes; n-gram lookup costs per request and mixes freely (docs/decisions.md, 2026-11-22)."""
         if not self._consolidate or d_ctx.size < 2:
             return d_ctx
         used = np.bincount(d_ctx, minlength=self.is_model.size) * self.is_model  # (m,)
         if np.count_nonzero(used) <= 1:
             return d_ctx
-        return np.where(self.is_model[d_ctx], int(np.argmax(used)), d_ctx)
+        b = self.bandit
+        if b is None or not b.exploring or b.explore_p is None:
+            return np.where(self.is_model[d_ctx], int(np.argmax(used)), d_ctx)
+        # exploring: the drafted model likeliest to be best, the favourite on a near tie (not the most
+        # drawn one: that turned a first step's coin flip into the model every request then caught up on)
+        p = np.where(used > 0, b.explore_p, -1.0)  # (m,)
+        top = int(np.argmax(p))
+        if 0 <= self.fav < p.size and used[self.fav] and p[self.fav] >= p[top] - EXPLORE_TIE:
+            top = self.fav
+        return np.where(self.is_model[d_ctx], top, d_ctx)
 
     def note_favourite(self, sp: StepPlan) -> None:
         """Remember the draft model that drafted for most requests this step: new requests prefill
