@@ -53,7 +53,7 @@ from control.agent.window import REQUEST_CAPACITY, STEP_CAPACITY, TelemetryWindo
 from control.agent.wire import MAX_SAMPLES, SOURCE_PATTERN, SOURCE_RULE, host_source
 from control.errors import ConfigError
 from control.plan import SLO, Plan, compile_plan
-from control.policy.types import Decision, Policy, StepOutcome, StepView
+from control.policy.types import Decision, Policy, StepOutcome, StepView, wants_fresh
 from control.policyspec import (
     DEFAULT_MAX_K,
     MAX_BATCH_LIMIT,
@@ -255,8 +255,7 @@ class Agent:
 
     def wants_fresh(self) -> bool:
         """The wrapped policy's ``wants_fresh`` (False without one): an overlap engine asks the agent."""
-        ask = getattr(self._policy, "wants_fresh", None)
-        return bool(ask()) if ask is not None else False
+        return wants_fresh(self._policy)
 
     def observe(self, outcome: StepOutcome) -> None:
         self.steps += 1

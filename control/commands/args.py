@@ -44,12 +44,11 @@ AUTO = "auto"
 
 def on_off_auto(text: str) -> bool | None:
     """``on``, ``off`` or ``auto`` (any case) as True, False or None (auto: the program decides)."""
-    v = text.strip().lower()
-    if v == AUTO:
+    if text.strip().lower() == AUTO:
         return None
-    if v not in ON_OFF:
+    if text.strip().lower() not in ON_OFF:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of: {', '.join([*ON_OFF, AUTO])}")
-    return ON_OFF[v]
+    return on_off(text)
 
 
 def port(text: str) -> int:

@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from control.policy.types import Decision, StepOutcome, StepView
+from control.policy.types import Decision, StepOutcome, StepView, wants_fresh
 
 _PER_REQUEST = tuple(f.name for f in fields(StepOutcome)
                      if f.name in ("slots", "request_ids", "drafter", "ctx_lens", "drafted", "verified", "accepted",
@@ -51,8 +51,7 @@ class OneStepStale:
 
     def decide(self, view: StepView) -> Decision:
         held, self._held = self._held, None
-        ask = getattr(self.inner, "wants_fresh", None)
-        if held is not None and ask is not None and ask():  # as an overlapping engine would: decide fresh
+        if held is not None and wants_fresh(self.inner):  # as an overlapping engine would: decide fresh
             self.inner.observe(held)
             held = None
         if held is not None and held.n and view.n:

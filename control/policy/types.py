@@ -269,6 +269,18 @@ class FreshWanted(Protocol):
         ...
 
 
+def wants_fresh(policy: object) -> bool:
+    """Whether ``policy`` asks for decisions that see every outcome so far (``FreshWanted``); a policy
+    without the method, or whose method fails, is served one step stale (always correct)."""
+    ask = getattr(policy, "wants_fresh", None)
+    if ask is None:
+        return False
+    try:
+        return bool(ask())
+    except Exception:  # noqa: BLE001 - the question is advisory
+        return False
+
+
 @runtime_checkable
 class Verifier(Protocol):
     """Optional: a policy that prunes drafted tokens before verification (SpecServe 5.2)."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from control.executors.base import IterationStats
 from control.executors.reference.overlap import PolicyWorker
-from control.policy.types import Decision, Policy, StepOutcome, StepView
+from control.policy.types import Decision, Policy, StepOutcome, StepView, wants_fresh
 
 log = logging.getLogger("control.executors.reference.engine")
 LOG_EVERY = 1000  # after the first failure, log one in this many
@@ -87,14 +87,3 @@ class PolicyCalls:
             return
         self.worker.submit(policy, outcome, next_view)
 
-
-def wants_fresh(policy: Policy) -> bool:
-    """Whether ``policy`` asks for decisions that see every outcome so far (``FreshWanted``); a
-    policy without the method, or whose method fails, is served one step stale."""
-    ask = getattr(policy, "wants_fresh", None)
-    if ask is None:
-        return False
-    try:
-        return bool(ask())
-    except Exception:  # noqa: BLE001 - the question is advisory: the stale path is always correct
-        return False
