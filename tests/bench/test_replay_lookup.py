@@ -105,3 +105,14 @@ def test_replay_bar_adaptive_at_least_the_best_fixed(record, profile):
     best = max(fixed, key=fixed.get)
     assert best != "none"
     assert tokens_per_s(replay_run(record, profile, "adaptive", 32)) >= fixed[best]
+
+
+def test_adaptive_on_ngram_keeps_up_with_its_best_fixed_k_as_old_matches_start_to_pay():
+    """The full CPU pair's record at batch 32: a lookup proposing max_k tokens (an old match) is
+    accepted 16% of the time in a request's first 8 output tokens and 80% past 64. Adaptive on
+    n-gram alone must follow that (evidence ages with the steps, ``LOOKUP_CLOCK_DECAY``), not keep
+    such lookups off for good on what the first steps showed: it stays within 1% of the best fixed k."""
+    full = ReplayRecord.load(ROOT / "control" / "bench" / "data" / "replay-stdlib-full.npz")
+    prof = load_profile(ROOT / "profiles" / "cpu" / "stdlib-full.yaml")
+    best = max(tokens_per_s(replay_run(full, prof, f"fixed:{k}@ngram", 32)) for k in (2, 3, 4))
+    assert tokens_per_s(replay_run(full, prof, "adaptive@ngram", 32)) >= 0.99 * best

@@ -38,6 +38,11 @@ CATEGORIES = 8  # category slots of the pooled per-category rates
 # whose acceptance moved is learned within a few gate probe windows (0.999 kept ~1,000 steps' counts
 # and let the gate reopen only minutes into a high-acceptance phase; docs/validation.md)
 POSITION_DECAY = 0.995
+# per-step decay of every lookup proposal length's counts, drafted on or not (half-life 32 steps): an
+# n-gram lookup's acceptance moves with the request's output (the full CPU pair's 8-token lookups: 16%
+# in the first 8 positions, 80% past 64), and a proposal length the held table stopped drafting never
+# gets a trial that would show it; its stale evidence fades to the prior, which drafts it again
+LOOKUP_CLOCK_DECAY = 0.5 ** (1.0 / 32.0)
 
 
 class AcceptanceModel:
@@ -129,6 +134,7 @@ class AcceptanceModel:
             self.calibrate(outcome, d_ctx, spec)
         if outcome.ngram_avail is not None and self.by_avail:
             for i, lr in self.by_avail.items():
+                lr.age(1)
                 sel = spec & (d_ctx == i)  # (n,) bool
                 if sel.any():
                     lr.update(outcome.ngram_avail[sel], outcome.accepted[sel], t[sel])
@@ -173,9 +179,10 @@ class AcceptanceModel:
     def _lookup_rows(self, rows: PooledRows) -> None:
         avail, spec, d, step = rows.col("avail"), rows.col("spec"), rows.col("d"), rows.col("step")
         for i, lr in self.by_avail.items():
+            lr.age(rows.steps)
             sel = spec & (d == i) & (avail > 0)  # (rows,) bool: drafted on this lookup, its proposal known
             if sel.any():
-                lr.update_steps(avail[sel], rows.col("accepted")[sel], rows.col("t")[sel], step[sel])
+                lr.update_steps(avail[sel], rows.col("accepted")[sel], rows.col("t")[sel], step[sel], clock=rows.steps)
 
     def _calibrate_rows(self, rows: PooledRows) -> None:
         conf = rows.col("conf")  # (rows, K), NaN where nothing was drafted
@@ -282,6 +289,14 @@ class LookupRates:
             r.set_prior(prior)
         self._curves = None
 
+    def age(self, steps: int) -> None:
+        """``steps`` steps passed: every proposal length's evidence decays (``LOOKUP_CLOCK_DECAY``)."""
+        if steps > 0 and self._counts.any():
+            self._counts *= LOOKUP_CLOCK_DECAY ** steps
+            for r in self.rates:
+                r._cache = None
+            self._curves = None
+
     def curves(self) -> np.ndarray:
         """(K+1, K): survival of draft position j for a lookup proposing a tokens (0 past a)."""
         if self._curves is None:
@@ -295,11 +310,13 @@ class LookupRates:
         if on.any():
             self.update_steps(avail[on], accepted[on], tried[on], np.zeros(int(on.sum()), dtype=np.int64))
 
-    def update_steps(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray, step: np.ndarray) -> None:
+    def update_steps(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray, step: np.ndarray,
+                     clock: int = 0) -> None:
         """Several steps' outcomes (rows,) at once, ``avail`` > 0, ``step``: each row's step (>= 0). As
         ``PositionRates.update_steps`` of each proposal length would leave them: the estimator of
         proposal length a decays once per step with a row of its own, so a row enters with weight
-        decay ** (such steps after its own)."""
+        decay ** (such steps after its own); with ``clock`` (the steps covered, already passed to
+        ``age``) also LOOKUP_CLOCK_DECAY ** (steps after its own), as ``age(1)`` before each step would."""
         K = self.K
         a = np.minimum(avail, K) - 1  # (rows,) estimator row, 0..K-1
         span = int(step.max()) + 1 if step.shape[0] else 1
@@ -307,6 +324,8 @@ class LookupRates:
         per_a = np.bincount(uk // span, minlength=K)  # (K,) updates per proposal length
         age = np.cumsum(per_a)[a] - 1 - np.searchsorted(uk, a * span + step)  # (rows,)
         w = np.power(self.decay, age)  # (rows,)
+        if clock:
+            w = w * np.power(LOOKUP_CLOCK_DECAY, (clock - 1) - step)
         width = 2 * (K + 1)
         idx = np.concatenate((a * width + np.minimum(tried, K), a * width + (K + 1) + np.minimum(accepted, K)))
         hist = np.bincount(idx, weights=np.concatenate((w, w)), minlength=K * width).reshape(K, 2, K + 1)
