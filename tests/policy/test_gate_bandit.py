@@ -390,3 +390,24 @@ def test_while_exploring_a_step_s_draft_model_is_the_likeliest_best_not_the_most
     bandit.exploring = False
     bandit.explore_p = np.array([0.3, 0.7])
     assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 0]  # exploiting: the most used
+
+
+def test_a_draft_model_still_unmeasured_after_an_epoch_drafts_for_the_requests_drawn_for_it():
+    """From the second epoch, consolidation no longer takes an unmeasured model's draws away: with
+    the favourite likelier best in every step, the other model would never draft, its rewards would
+    stay empty and exploitation would never pick it (the full pair's replay, batch 4, seed 10: draft-
+    tiny, the best model, untried for nine epochs, 0.84x the best fixed configuration)."""
+    from control.plan import compile_plan
+    from control.policy import build_policy
+    from control.policy.adaptive.probes import PROBE_TRIALS
+
+    pol = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, default_drafter="small"))
+    choice, bandit = pol.choice, pol.bandit
+    drawn = np.array([0, 0, 0, 1])
+    bandit.exploring, bandit.explore_p, choice.fav = True, np.array([0.8, 0.2]), 0
+    choice.pos[0].trials[0] = PROBE_TRIALS  # small measured, tiny never drafted
+    assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 0]  # the first epoch: one model
+    bandit.epoch = 2
+    assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 1]  # tiny keeps its draw
+    choice.pos[1].trials[0] = PROBE_TRIALS  # measured now: one model per step again
+    assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 0]

@@ -9,7 +9,9 @@ Exploration draws each drafter with its posterior probability of being the best 
 
 Requests the bandit puts on different draft models in one step all move to one of them (each model
 in a step pays its own k passes): the most used one, or while exploring the one likeliest best, the
-favourite on a near tie; new requests prefill the model that drafted most last step.
+favourite on a near tie, except that from the second epoch a model still unmeasured (fewer than
+``PROBE_TRIALS`` first-position trials) keeps the requests drawn for it; new requests prefill the
+model that drafted most last step.
 Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share).
 
 An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail``; 0 without a
@@ -30,6 +32,7 @@ from control.goodput.acceptance import MAX_RATE
 from control.goodput.estimators import PositionRates
 from control.goodput.stepcost import DrafterKind, StepCostModel, uniform_step_ms
 from control.plan import typical_ctx
+from control.policy.adaptive.probes import PROBE_TRIALS
 from control.policy.adaptive.step_plan import StepPlan
 from control.policy.adaptive.survival import is_uniform
 from control.policy.adaptive.uniform_steps import UniformSteps
@@ -207,7 +210,9 @@ class DrafterChoice:
     def _one_model_per_step(self, d_ctx: np.ndarray) -> np.ndarray:
         """(n,) ``d_ctx`` with every draft-model request moved to one draft model: the most used, or
         while the bandit explores the likeliest best (module doc). Each model in a step runs its own k
-        passes; n-gram lookup costs per request and mixes freely (docs/decisions.md, 2026-11-22)."""
+        passes; n-gram lookup costs per request and mixes freely (docs/decisions.md, 2026-11-22). An
+        unmeasured model left out of every step would stay so: its rewards empty, exploitation never
+        picks it (docs/decisions.md, 2026-11-26)."""
         if not self._consolidate or d_ctx.size < 2:
             return d_ctx
         used = np.bincount(d_ctx, minlength=self.is_model.size) * self.is_model  # (m,)
@@ -218,11 +223,19 @@ class DrafterChoice:
             return np.where(self.is_model[d_ctx], int(np.argmax(used)), d_ctx)
         # exploring: the drafted model likeliest to be best, the favourite on a near tie (not the most
         # drawn one: that turned a first step's coin flip into the model every request then caught up on)
+        if b.epoch > 1:  # a model still unmeasured after an epoch keeps the requests drawn for it
+            unmeasured = (used > 0) & self._unmeasured()  # (m,) bool
+            if unmeasured.any() and not unmeasured[used > 0].all():
+                used = np.where(unmeasured, 0, used)
         p = np.where(used > 0, b.explore_p, -1.0)  # (m,)
         top = int(np.argmax(p))
         if 0 <= self.fav < p.size and used[self.fav] and p[self.fav] >= p[top] - EXPLORE_TIE:
             top = self.fav
-        return np.where(self.is_model[d_ctx], top, d_ctx)
+        return np.where(self.is_model[d_ctx] & (used[d_ctx] > 0), top, d_ctx)
+
+    def _unmeasured(self) -> np.ndarray:
+        """(m,) bool: draft models with fewer than ``PROBE_TRIALS`` first-position trials."""
+        return self.is_model & np.array([p.trials[0] < PROBE_TRIALS for p in self.pos])
 
     def note_favourite(self, sp: StepPlan) -> None:
         """Remember the draft model that drafted for most requests this step: new requests prefill
