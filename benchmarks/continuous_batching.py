@@ -10,7 +10,9 @@ shared machine vary by +-10-25%.
 
 ``model tok/s`` times the same run by the profile's cost model instead of the clock: each decode
 step's verify pass and draft passes (catch-up included) from the features the engine reports to the
-policy, prefills left out. It is the same for every repeat of a policy whose decisions do not
+policy, and each prefill pass, the target's and the draft model's whose state it builds (a fixed k on a
+draft model prefills it for every request; ``adaptive`` builds draft state by catch-up, which the decode
+passes count), as the replay simulator charges them. It is the same for every repeat of a policy whose decisions do not
 depend on measured times, so it separates what a policy decides from the machine's noise (it
 trusts the profile: R^2 0.99 for the full pair's target). ``--model-times`` also hands the policies
 the profile's times in place of measured ones (adaptive refits its cost model from them), so every
@@ -113,6 +115,7 @@ def main(argv=None) -> int:
         plan = compile_plan(profile, policy=name, max_k=args.max_k, drafters=drafters, default_drafter=drafters[0])
         return build_policy(name, plan, seed=args.seed), drafters[0], PolicyContext.from_plan(plan).cost
 
+    prefill_costs = {d: profile.models[profile.drafter(d).model].to_cost() for d in active if profile.drafter(d).model}
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     tok_s: dict[str, list[float]] = {s: [] for s in specs}
     model_tok_s: dict[str, list[float]] = {s: [] for s in specs}
@@ -120,7 +123,7 @@ def main(argv=None) -> int:
     for rep in range(args.repeats):
         for spec in specs:
             policy, default, cost = make(spec)
-            clock = ModelClock(policy, cost, replace_times=args.model_times)
+            clock = ModelClock(policy, cost, replace_times=args.model_times, default=default, prefill_costs=prefill_costs)
             cfg = EngineConfig(max_batch=args.batch, max_k=args.max_k, default_drafter=default,
                                overlap_policy=spec.endswith("+overlap"),
                                max_len=args.prompt_len + int(lengths.max()) + 1)
@@ -133,6 +136,7 @@ def main(argv=None) -> int:
             while eng.has_work():
                 gen += sum(len(o.new_token_ids) for o in eng.step())
                 st = eng.last_stats
+                clock.prefill(st.prefill_requests, st.prefill_tokens)
                 verified += st.verified
                 accepted += st.accepted
                 ks += list(st.k)
@@ -177,12 +181,19 @@ def token_windows(loaded, texts: list[str], n: int, length: int, seed: int = 0) 
 
 
 class ModelClock:
-    """Wraps a policy; adds up each decode step's time as the cost model predicts it from what ran."""
+    """Wraps a policy; adds up each step's time as the cost model predicts it from what ran: the decode
+    passes from the outcomes, the prefill pass from the engine's stats (``prefill``).
 
-    def __init__(self, policy, cost, replace_times: bool = False) -> None:
+    ``default``: the engine's default drafter (the one a decision's ``prefill_drafter`` = -1 names);
+    ``prefill_costs``: per draft model name, its whole-model cost (the profile's), for its prefill."""
+
+    def __init__(self, policy, cost, replace_times: bool = False, default: str | None = None,
+                 prefill_costs: dict | None = None) -> None:
         self.policy, self.cost, self.ms, self.replace_times = policy, cost, 0.0, replace_times
         self.name = getattr(policy, "name", "policy")
         self.drafters: tuple[str, ...] = ()  # the executor's drafter names (outcomes index them)
+        self.default, self.prefill_costs = default, prefill_costs or {}
+        self._builds: str | None = None  # the draft model whose state this step's prefill builds
         if hasattr(policy, "prune"):
             self.prune = policy.prune
         if hasattr(policy, "wants_fresh"):
@@ -190,7 +201,23 @@ class ModelClock:
 
     def decide(self, view):
         self.drafters = view.drafters
-        return self.policy.decide(view)
+        d = self.policy.decide(view)
+        if view.prefill_tokens:
+            self._builds = None
+            if d is not None and d.prefill_draft:
+                i = int(d.prefill_drafter)
+                self._builds = view.drafters[i] if 0 <= i < len(view.drafters) else self.default
+        return d
+
+    def prefill(self, requests: int, tokens: int) -> None:
+        """The step's prefill pass over ``tokens`` prompt tokens of ``requests`` requests (none: 0)."""
+        if not requests:
+            return
+        c = self.cost
+        self.ms += float(c.target.predict(0.0, float(tokens), 1, requests)) + c.overhead_ms
+        model = self.prefill_costs.get(self._builds)
+        if model is not None:
+            self.ms += float(model.predict(0.0, float(tokens), 1, requests))
 
     def observe(self, o) -> None:
         if o.n:
