@@ -262,7 +262,8 @@ def replay_run(record: ReplayRecord, profile: Profile, spec: str, batch: int, *,
     entries = [profile.drafter(d) for d in record.drafters]
     prefill = tuple(profile.models[e.model].to_cost() if e.model else None for e in entries)
     cfg = SimConfig(max_batch=batch, token_budget=max(MIN_TOKEN_BUDGET, batch * (record.max_k + 1)),
-                    max_k=record.max_k, seed=seed, prefill_one_drafter=True, record_series=False)
+                    max_k=record.max_k, seed=seed, prefill_one_drafter=True, record_series=False,
+                    default_drafter=record.drafters.index(plan.default_drafter))
     engine = SimEngine(cost, record.drafters, np.zeros(rows.size), P, O, record.acceptance(rows), cfg,
                        mape={"target": profile.models["target"].mape}, prefill_costs=prefill)
     policy = build_policy(pol, plan, seed=seed)

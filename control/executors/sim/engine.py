@@ -77,6 +77,8 @@ class SimConfig:
     host_token_ms: float = 0.0  # host time per generated token (output processing), serial with the GPU
     verify: VerifyGranularity = PER_REQUEST  # what the simulated target verifies (padded: K + 1 whatever k)
     prefill_one_drafter: bool = False  # draft prefill for Decision.prefill_drafter only (reference executor)
+    default_drafter: int = -1  # the drafter a prefill_drafter of -1 names, as the reference executor's
+    # default (-1 here: the first drafter with state)
     # a deployment without speculation (policy ``none``) overlaps the per-token output processing with
     # the pass's GPU time (vLLM 0.6's async output processing, off once a draft model is configured)
     output_async: bool = False
@@ -598,6 +600,8 @@ class SimEngine:
         if not self.cfg.prefill_one_drafter:
             return self._stateful
         d = int(decision.prefill_drafter)
+        if d < 0:
+            d = self.cfg.default_drafter
         if not (0 <= d < self._stateful.size and self._stateful[d]):
             d = int(np.argmax(self._stateful)) if self._any_stateful else -1
         out = np.zeros(self._stateful.shape, dtype=bool)
