@@ -165,14 +165,15 @@ def test_refit_stage_rebuilds_the_cost_model_every_refit_period_from_measured_ti
 
 
 def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_one():
-    """``learn_pooled`` over queued steps (two drafters, categories, confidences, steps where nobody
-    drafted) leaves the pooled estimators as ``learn`` step by step does, to rounding."""
+    """``learn_pooled`` over queued steps (two drafters, the second an n-gram lookup, categories,
+    confidences, steps where nobody drafted) leaves the pooled estimators as ``learn`` step by step
+    does, to rounding: the lookup's rates by proposal length too, their ageing with the steps included."""
     from control.goodput.estimators import chain_trials
     from control.policy.adaptive.survival import PooledRows
 
     ctx = _ctx()
-    conf_on = np.array([True, False])
-    one, many = (AcceptanceModel(ctx.prior_positions, 8.0, 64, conf_on) for _ in range(2))
+    conf_on, lookup = np.array([True, False]), np.array([False, True])
+    one, many = (AcceptanceModel(ctx.prior_positions, 8.0, 64, conf_on, lookup) for _ in range(2))
     rows = PooledRows(K)
     rng = np.random.default_rng(5)
     for step in range(12):
@@ -183,7 +184,7 @@ def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_on
         conf = np.where(np.arange(K)[None, :] < drafted[:, None], rng.uniform(0.05, 1.0, (n, K)), np.nan)
         out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=d, ctx_lens=np.full(n, 300),
                           drafted=drafted, verified=drafted, accepted=accepted, confidence=conf,
-                          category=rng.integers(-1, 4, n), step=step)
+                          category=rng.integers(-1, 4, n), step=step, ngram_avail=rng.integers(0, K + 3, n))
         s, t = chain_trials(drafted, accepted)
         spec = drafted > 0
         if not spec.any():
@@ -191,8 +192,10 @@ def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_on
         uniform = bool((d == d[0]).all())
         one.learn(out, d, drafted, spec, s, t, uniform)
         many.learn_request(out.slots, d, s, t, spec, uniform)
-        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf, uniform)
+        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf, uniform, out.ngram_avail)
     many.learn_pooled(rows)
+    np.testing.assert_allclose(many.by_avail[1]._counts, one.by_avail[1]._counts, rtol=1e-12)
+    assert one.by_avail[1]._counts.any()
     for i in range(2):
         np.testing.assert_allclose(many.pos[i]._counts, one.pos[i]._counts, rtol=1e-12)
         np.testing.assert_array_equal(many.req[i].t, one.req[i].t)

@@ -71,35 +71,3 @@ def test_a_proposal_length_no_longer_drafted_fades_back_to_its_prior():
     assert 0.45 < lr.curves()[K, 0] <= prior[0]  # five half-lives: most of the way back
     assert lr.curves()[2, 0] > 0.9
 
-
-def test_pooled_lookup_learning_matches_learning_step_by_step():
-    """``learn_pooled`` over queued steps leaves the lookup's rates by proposal length, clock and
-    all, as ``learn`` step by step does, to rounding."""
-    from control.goodput.estimators import chain_trials
-    from control.policy.adaptive.survival import AcceptanceModel, PooledRows
-    from control.policy.types import StepOutcome
-
-    prior = np.tile(np.linspace(0.8, 0.5, K), (2, 1))  # (m, K): a draft model, then n-gram
-    lookup, conf_on = np.array([False, True]), np.array([False, False])
-    one, many = (AcceptanceModel(prior, 8.0, 64, conf_on, lookup) for _ in range(2))
-    rows = PooledRows(K)
-    rng = np.random.default_rng(3)
-    for step in range(14):
-        n = int(rng.integers(1, 7))
-        d = rng.integers(0, 2, n)
-        avail = rng.integers(0, K + 3, n)
-        drafted = np.where(d == 1, np.minimum(rng.integers(0, K + 1, n), np.minimum(avail, K)), rng.integers(0, K + 1, n))
-        accepted = np.minimum(rng.integers(0, K + 1, n), drafted)
-        out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=d, ctx_lens=np.full(n, 300),
-                          drafted=drafted, verified=drafted, accepted=accepted, step=step, ngram_avail=avail)
-        s, t = chain_trials(drafted, accepted)
-        spec = drafted > 0
-        if not spec.any():
-            continue
-        uniform = bool((d == d[0]).all())
-        one.learn(out, d, drafted, spec, s, t, uniform)
-        many.learn_request(out.slots, d, s, t, spec, uniform)
-        rows.add(d, drafted, accepted, s, t, spec, drafted, None, None, uniform, avail)
-    many.learn_pooled(rows)
-    np.testing.assert_allclose(many.by_avail[1]._counts, one.by_avail[1]._counts, rtol=1e-12)
-    np.testing.assert_allclose(many.by_avail[1].curves(), one.by_avail[1].curves(), rtol=1e-12)
