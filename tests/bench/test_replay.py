@@ -217,6 +217,29 @@ def test_replay_bar_script_prints_the_same_table_twice(tmp_path):
     assert "bar (adaptive / best fixed >= 1.00 at every batch)" in first
 
 
+def test_replay_bar_over_several_policy_seeds_reports_the_mean_and_the_worst(tmp_path):
+    """--seeds 3: each policy runs at policy seeds 0-2; the table adds the worst seed, the json keeps
+    every seed's ratio, the mean lies between the worst and the best; --seeds 0 is refused."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = [sys.executable, str(root / "benchmarks" / "replay_bar.py"), "--batches", "4"]
+    p = subprocess.run([*script, "--seeds", "3", "--json", str(tmp_path / "rows.json")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "adaptive worst of 3 seeds" in p.stdout and "every seed:" in p.stdout and "mean of 3 seeds" in p.stdout
+    row = json.loads((tmp_path / "rows.json").read_text())[0]["adaptive"]
+    assert len(row["per_seed"]) == 3 and row["vs_best_min"] == min(row["per_seed"])
+    assert min(row["per_seed"]) <= row["vs_best"] <= max(row["per_seed"])
+    bad = subprocess.run([*script, "--seeds", "0"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--seeds 0" in bad.stderr and "Traceback" not in bad.stderr
+
+
 @pytest.mark.parametrize("drafter", ["draft-small", "draft-tiny"])
 def test_a_fixed_k_prefills_the_draft_model_it_names(record, profile, drafter):
     """A fixed k on a named draft model prefills that model's state, as the reference executor does
