@@ -118,13 +118,14 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
     view = _steady_view(plan, batch, ctx, rng)
     rates = rng.uniform(0.3, 0.95, batch)
     decide_s, observe_s, step_ms, predicted = [], [], [], []
+    cost = plan.profile.step_cost(list(drafters))
     for step in range(steps):
         view.step = step
         view.ctx_lens += 1
         t0 = clock()
         d = pol.decide(view)
         t1 = clock()
-        out = _outcome(view, d, rates, rng)
+        out = _outcome(view, d, rates, rng, cost)
         t2 = clock()
         pol.observe(out)
         t3 = clock()
@@ -133,7 +134,6 @@ def bench(policy_name: str, plan, batch: int, ctx: int, steps: int, seed: int = 
         if timer is not None:
             timer.now["decide"], timer.now["observe"] = t1 - t0, t3 - t2
             timer.step()
-        cost = plan.profile.step_cost(list(drafters))
         step_ms.append(cost.step_ms(view.ctx_lens, d.k, np.maximum(d.drafter, 0)))
         predicted.append(d.predicted_step_ms)
         if timer is not None:
@@ -175,11 +175,15 @@ def _steady_view(plan, batch: int, ctx: int, rng) -> StepView:
                           free_kv_slots=10**7, token_budget=10**7, draft_lag=lag)
 
 
-def _outcome(view: StepView, d, rates: np.ndarray, rng) -> StepOutcome:
+def _outcome(view: StepView, d, rates: np.ndarray, rng, cost) -> StepOutcome:
+    """The step's outcome: geometric acceptance at each request's rate, the profile's step times."""
     k = d.k
     acc = np.minimum(rng.geometric(1 - rates) - 1, k)
+    verify_ms = float(cost.verify_ms(view.ctx_lens, k))
+    draft_ms = float(cost.step_ms(view.ctx_lens, k, np.maximum(d.drafter, 0))) - verify_ms
     return StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=d.drafter, ctx_lens=view.ctx_lens,
-                       drafted=k, verified=k, accepted=acc, verify_ms=10.0, draft_ms=2.0, total_ms=12.0,
+                       drafted=k, verified=k, accepted=acc, verify_ms=verify_ms, draft_ms=draft_ms,
+                       total_ms=verify_ms + draft_ms,
                        draft_passes=int(k.max(initial=0)), draft_ctx_tokens=int(view.ctx_lens.sum()),
                        draft_batched_tokens=int(k.sum()), step=view.step)
 
@@ -218,7 +222,7 @@ def bench_overlap(policy_name: str, plan, batch: int, ctx: int, steps: int, seed
         t2 = time.perf_counter()
         d_next, busy = done.get()
         t3 = time.perf_counter()
-        prev = _outcome(view, d, rates, rng)
+        prev = _outcome(view, d, rates, rng, cost)
         on_path.append((t1 - t0) + (t3 - t2))
         off_path.append(busy)
         step_ms.append(t_ms)

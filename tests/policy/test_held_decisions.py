@@ -1,5 +1,6 @@
 """``adaptive``'s fast path: full decisions every few steps, look-ups between, outcomes learned in order."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from control.plan import compile_plan
 from control.policy import StepOutcome, StepView
 from control.policy.adaptive import AdaptivePolicy
-from control.policy.adaptive.held import RATE_BUCKETS, HeldDecisions
+from control.policy.adaptive.held import RATE_BUCKETS, REFRESH_EVERY, HeldDecisions, refresh_interval
 from control.policy.base import PolicyContext
 from tests.conftest import make_profile
 
@@ -140,6 +141,35 @@ def test_a_refresh_whose_requests_all_sat_at_their_caps_does_not_limit_a_newcome
     assert d.k[0] == pol.held.new_k > 2
 
 
+def test_the_refresh_interval_spends_half_a_percent_of_the_step_on_full_decisions():
+    """N = ceil(full decision us / (0.5% of the step)), within 1..REFRESH_EVERY: an H100 8B step at
+    batch 1 (5.74 ms) holds the full 8 steps, the CPU pair's 25 ms steps refresh every other step,
+    a 100 ms step every step; nothing predicted holds longest."""
+    assert refresh_interval(1, 5.74) == REFRESH_EVERY
+    assert refresh_interval(32, 16.97) == 5
+    assert refresh_interval(1, 25.0) == 2
+    assert refresh_interval(16, 100.0) == 1
+    assert refresh_interval(4, 0.0) == refresh_interval(4, float("nan")) == REFRESH_EVERY
+
+
+@pytest.mark.parametrize(("step_ms", "interval"), [(6.0, REFRESH_EVERY), (60.0, 2), (math.nan, REFRESH_EVERY)])
+def test_a_policy_left_to_choose_refreshes_as_often_as_its_steps_take_time_for(step_ms, interval):
+    """Without ``refresh_every`` the interval follows the steps' measured time: 6 ms steps hold 8
+    steps, 60 ms steps (a CPU engine's) 2, and steps an engine could not time leave the prediction
+    (this profile's 6 ms, as at the first refresh, before any step was timed). Only refresh steps
+    predict a step time."""
+    pol = _policy(None)
+    rng = np.random.default_rng(0)
+    full = []
+    for step in range(33):
+        v = _view(step, np.arange(4))
+        d = pol.decide(v)
+        full.append(bool(np.isfinite(d.predicted_step_ms)))
+        pol.observe(replace(_outcome(v, d.k, rng.binomial(d.k, 0.7), rng), total_ms=step_ms))
+    assert pol.held.every == interval
+    assert [s for s, f in enumerate(full) if f] == [0, *range(REFRESH_EVERY, 33, interval)]
+
+
 def test_refresh_every_must_be_positive():
     with pytest.raises(ValueError, match="refresh_every = 0"):
         _policy(0)
@@ -192,7 +222,7 @@ def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_little_
     assert every_step[1] < 0.02 * every_step.sum()
     for every in (None, 2):
         trials, pol = _two_drafter_sim(every, seed)
-        assert pol.held.every == (8 if every is None else every)
+        assert pol.held.every == every if every is not None else 1 < pol.held.every <= REFRESH_EVERY
         assert trials[0] > 100 and trials[1] > 0  # both were tried
         assert trials[1] < 0.05 * trials.sum(), (every, trials)
         assert abs(pol.bandit.epoch - pol1.bandit.epoch) <= 1  # the same stages in steps

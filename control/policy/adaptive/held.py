@@ -1,10 +1,20 @@
 """Stage: held decisions. The fast path between full decisions: per step, look up; every N steps, optimise.
 
-A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every
-``REFRESH_EVERY`` steps after it, when the batch size has doubled or halved since the last one, when
+A full decision (every stage of ``policy.py``) runs on a refresh step: the first step, every N steps
+after it, when the batch size has doubled or halved since the last one, when
 the executor's drafters or the gate's state changed (with several drafters, every step while the
 queued outcomes would still move the estimates, ``MOVE_FRACTION``; the bandit's clock counts the held
 steps, ``bandit.py``).
+N spends at most ``DECISION_SHARE`` of the step time on full decisions (``refresh_interval``):
+
+    N = clip(ceil(full_us(n) / (DECISION_SHARE * step_us)), 1, REFRESH_EVERY)
+
+with step_us the mean time of the steps since the last refresh (their outcomes' ``total_ms``, or draft
++ verify time where the engine has no total; the full decision's prediction before any) and full_us(n) what a full decision over
+n requests costs (``FULL_DECISION_US``, measured by ``benchmarks/decision_cost.py``): on an H100's
+6-17 ms steps that is the 6-8 steps between refreshes, on the CPU pair's 25-90 ms steps every 1-2 steps,
+where a decision held over 8 steps cost 1-2% of the replay's tokens per second (docs/controller-cost.md).
+An owner that passes ``refresh_every`` fixes N.
 It leaves, per slot, the request's draft length, drafter and confidence cut, and per drafter d a
 table of draft lengths over the acceptance rate:
 
@@ -25,6 +35,8 @@ steps stale.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from control.goodput.estimators import request_position_survival
@@ -37,13 +49,27 @@ REFRESH_EVERY = 8  # steps between full decisions (the optimiser, the bandit, th
 MOVE_FRACTION = 0.05  # with several drafters, a full decision as well while the queued outcomes hold more
 # draft trials than this share of those learned (early in a run, when one step's outcomes still decide
 # which drafter the bandit explores for a whole stage)
+# a full decision's cost in us for one request and for several (the batched path; flat in n up to 256
+# within the timer's spread): benchmarks/decision_cost.py on the H100 profile, docs/controller-cost.md
+FULL_DECISION_US = (230.0, 420.0)
+DECISION_SHARE = 0.005  # share of the step time full decisions may take (the look-ups between: < 0.25%)
 RATE_BUCKETS = 32  # acceptance-rate buckets of the draft-length table
 NO_CUT = 0.0  # a raw confidence cut that never stops a draft (running confidences are > 0)
 
 
+def refresh_interval(n: int, step_ms: float, most: int = REFRESH_EVERY) -> int:
+    """Steps between full decisions over ``n`` requests whose step takes ``step_ms`` (module doc)."""
+    if not step_ms > 0.0:  # nothing predicted (no admissible draft): the longest hold
+        return most
+    full_us = FULL_DECISION_US[0] if n <= 1 else FULL_DECISION_US[1]
+    return int(min(max(math.ceil(full_us / (DECISION_SHARE * step_ms * 1000.0)), 1), most))
+
+
 class HeldDecisions:
-    def __init__(self, slots: int, m: int, K: int, every: int = REFRESH_EVERY) -> None:
-        self.every = int(every)
+    def __init__(self, slots: int, m: int, K: int, every: int | None = None) -> None:
+        """``every``: steps between full decisions (None: from the step time, ``refresh_interval``)."""
+        self.auto = every is None
+        self.every = REFRESH_EVERY if every is None else int(every)  # the interval now
         self.k = np.zeros(slots, dtype=I64)  # (slots,) draft length of the last full decision
         self.drafter = np.zeros(slots, dtype=I64)  # (slots,) its executor drafter
         self.cut = np.full(slots, NO_CUT)  # (slots,) its raw confidence cut
@@ -87,9 +113,10 @@ class HeldDecisions:
         return k, self.drafter[slots], (self.cut[slots] if self.has_cut else None)
 
     def hold(self, sp: StepPlan, acceptance: AcceptanceModel, to_exec: np.ndarray, default: int,
-             newcomer: int = -1) -> None:
+             newcomer: int = -1, step_ms: float = math.nan) -> None:
         """Keep a full decision (``sp``) per slot and rebuild the table for new requests (``newcomer``:
-        the plan drafter for them, -1: the one most requests drafted with)."""
+        the plan drafter for them, -1: the one most requests drafted with; ``step_ms``: the steps'
+        mean time since the last refresh, NaN: none measured)."""
         slots, choice = sp.view.slots, sp.choice
         self.k[slots] = choice.k
         self.drafter[slots] = sp.d_exec
@@ -97,6 +124,8 @@ class HeldDecisions:
         if self.has_cut:
             self.cut[slots] = sp.conf_cut
         self.valid, self._step, self._batch, self._map = True, sp.view.step, sp.n, to_exec
+        if self.auto:
+            self.every = refresh_interval(sp.n, step_ms if step_ms > 0.0 else float(choice.step_ms))
         # the refresh's deepest draft among requests not held back by a cap of their own, below max_k
         # (at batch 1 near the end of a request its k is capped by the tokens left: then no limit)
         free = choice.k[(choice.k < sp.cap) | (sp.cap >= self.K)]

@@ -16,7 +16,7 @@ own module with its formula in its docstring:
 7. cuts (``cuts.py``): marginal-cost confidence cuts mapped through each drafter's calibration.
 8. pace (``optimise.py``): each request's smoothed tokens per step, the next step's weights.
 
-That full decision runs every ``REFRESH_EVERY`` steps (and when the batch size doubled or halved, or
+That full decision runs every few steps, as often as ``DECISION_SHARE`` of the step time allows (and when the batch size doubled or halved, or
 the drafters changed); in between, a step
 only looks up each request's held draft length, and a new request's from a table over acceptance
 rates (``held.py``). Outcomes are queued and learned, in order, when the next full decision (or a
@@ -28,6 +28,7 @@ and feeds the bandit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -39,7 +40,7 @@ from control.goodput.stepcost import StepCostModel
 from control.policy.adaptive.cuts import confidence_cuts
 from control.policy.adaptive.drafters import DrafterChoice
 from control.policy.adaptive.gate_stage import GateStage
-from control.policy.adaptive.held import MOVE_FRACTION, REFRESH_EVERY, HeldDecisions
+from control.policy.adaptive.held import MOVE_FRACTION, HeldDecisions
 from control.policy.adaptive.optimise import Optimiser
 from control.policy.adaptive.probes import probe_unmeasured
 from control.policy.adaptive.refit import CostRefit
@@ -59,7 +60,8 @@ class AdaptivePolicy(BasePolicy):
 
     def __init__(self, ctx: PolicyContext, seed: int = 0, request_strength: float = REQUEST_STRENGTH,
                  refresh_every: int | None = None) -> None:
-        """``refresh_every``: steps between full decisions (1: every step; None: ``REFRESH_EVERY``)."""
+        """``refresh_every``: steps between full decisions (1: every step; None: as many as the step
+        time allows, ``held.refresh_interval``)."""
         if refresh_every is not None and refresh_every < 1:
             raise ValueError(f"refresh_every = {refresh_every!r}: must be >= 1 (1: a full decision every step)")
         super().__init__(ctx)
@@ -80,14 +82,14 @@ class AdaptivePolicy(BasePolicy):
         self.gate_stage = GateStage(Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps), self.steps)
         self.choice = DrafterChoice(ctx, self.acceptance.pos, self.steps, self._seed)
         self.optimiser = Optimiser(slots)
-        every = self._every or REFRESH_EVERY
-        self.held = HeldDecisions(slots, len(ctx.drafters), K, every)
+        self.held = HeldDecisions(slots, len(ctx.drafters), K, self._every)
         self._held_steps = 0  # look-up steps since the last full decision (the bandit's clock counts them)
         # with several drafters, early outcomes decide which drafter the bandit explores for a whole
         # stage: a full decision as well while the queued outcomes would still move the estimates
         self._watch_moves = self.choice.bandit is not None
         self._trials_queued = 0  # draft tokens verified in the queued outcomes (while watched)
         self._trials_learned = 0  # ... in the outcomes learned so far
+        self._steps_ms, self._steps_n = 0.0, 0  # time of the steps observed since the last refresh (held.py)
         self._pending: list[tuple[Any, ...]] = []  # outcomes and slot resets not learned yet, in order
         # per slot, grown together (``_grow_slots``): the k the last decision asked for, and the one before
         # (its outcome may arrive after this step's decision, ``OneStepStale``)
@@ -157,7 +159,7 @@ class AdaptivePolicy(BasePolicy):
     def reset_slots(self, slots: np.ndarray) -> None:
         """New requests in ``slots``: the prior's held decision now, their estimates reset in turn."""
         self.held.admit(slots)
-        if self.held.every == 1:
+        if self._every == 1:
             self._reset_now(slots)
         else:  # held on the favourite until the next full decision: the bandit keeps them there
             d = int(self._to_ctx[self.held.new_drafter]) if self._to_ctx.size > self.held.new_drafter else -1
@@ -223,7 +225,9 @@ class AdaptivePolicy(BasePolicy):
             return Decision(k, d_exec, conf_cut=cut, prefill_draft=False, prefill_drafter=self.prefill_drafter())
         self.flush()
         sp = self._full_decision(view, cap)
-        self.held.hold(sp, self.acceptance, self._to_exec, self.ctx.default, self.choice.newcomer())
+        self.held.hold(sp, self.acceptance, self._to_exec, self.ctx.default, self.choice.newcomer(),
+                       self._steps_ms / self._steps_n if self._steps_n else math.nan)
+        self._steps_ms, self._steps_n = 0.0, 0
         c = sp.choice
         return Decision(c.k, sp.d_exec, conf_cut=sp.conf_cut, prefill_draft=False, prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=c.step_ms, predicted_tokens=c.tokens)
@@ -317,7 +321,11 @@ class AdaptivePolicy(BasePolicy):
             return
         d_ctx = self._to_ctx[outcome.drafter] if self._to_ctx.size else np.full(outcome.n, self.ctx.default, dtype=I64)
         asked = self._asked_of(outcome)
-        if self.held.every == 1:
+        ms = outcome.total_ms if outcome.total_ms > 0.0 else outcome.draft_ms + outcome.verify_ms
+        if ms > 0.0:  # (not NaN: an engine that could not time the step)
+            self._steps_ms += ms
+            self._steps_n += 1
+        if self._every == 1:
             self._learn(outcome, d_ctx, asked)
             return
         o = outcome  # the executor may reuse its arrays: keep copies of what learning reads
