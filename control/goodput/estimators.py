@@ -121,6 +121,13 @@ class PositionRates:
         self._counts += hist[:, :0:-1].cumsum(axis=1)[:, ::-1]
         self._cache = None
 
+    def age(self, steps: int) -> None:
+        """``steps`` updates passed without outcomes of this estimator: its counts decay as if each had
+        been an update with nothing to learn (the estimate drifts back to the prior)."""
+        if steps > 0:
+            self._counts *= self.decay ** steps
+            self._cache = None
+
     def set_prior(self, prior) -> None:
         p = np.asarray(prior, dtype=np.float64).reshape(-1)
         if 1 < p.size < self.max_k:  # a plan with a smaller max_k: its last position's rate for the rest

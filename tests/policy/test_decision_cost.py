@@ -1,8 +1,9 @@
 """The controller decides as recorded: its numeric fast paths change no decision.
 
 ``data/adaptive_decisions.npz`` holds adaptive's decisions on ``decision_trace``'s step sequence:
-deciding fully every step (``adaptive-every-step``, recorded before the optimiser's numeric fast
-paths existed), and as built, a full decision every few steps with look-ups between (``adaptive``,
+deciding fully every step (``adaptive-every-step``, first recorded before the optimiser's numeric
+fast paths existed, re-recorded where a change of behaviour moved it: the one-drafter cases still
+hold the first recording), and as built, a full decision every few steps with look-ups between (``adaptive``,
 recorded with ``python -m tests.policy.decision_trace`` when the held decisions came in). Draft
 lengths, drafters and the gate's choices must match exactly; predicted times, tokens and confidence
 cuts to rounding (the fast paths sum in another order).

@@ -34,9 +34,11 @@ from control.goodput.stepcost import DrafterKind
 from control.policy.types import StepOutcome, StepView
 
 CATEGORIES = 8  # category slots of the pooled per-category rates
-# per-update decay of the pooled per-position counts: a memory of ~200 drafting steps, so a prompt mix
-# whose acceptance moved is learned within a few gate probe windows (0.999 kept ~1,000 steps' counts
-# and let the gate reopen only minutes into a high-acceptance phase; docs/validation.md)
+# per-step decay of every drafter's pooled per-position counts, drafted with or not (each step that
+# learned anything): a memory of ~200 drafting steps, so a prompt mix whose acceptance moved is learned
+# within a few gate probe windows (0.999 kept ~1,000 steps' counts and let the gate reopen only minutes
+# into a high-acceptance phase; docs/validation.md), and a drafter the bandit stopped drawing after an
+# unlucky start drifts back to its prior and is drawn again (docs/validation.md, "The full pair's replay")
 POSITION_DECAY = 0.995
 # per-step decay of every lookup proposal length's counts, drafted on or not (half-life 32 steps): an
 # n-gram lookup's acceptance moves with the request's output (the full CPU pair's 8-token lookups: 16%
@@ -121,10 +123,12 @@ class AcceptanceModel:
             i = int(d_ctx[0])
             self.pos[i].update(tried, outcome.accepted, t)
             self.req[i].update(outcome.slots, s, t)
+            self._age_idle(1, i)
         else:
             for i in range(len(self.pos)):
                 sel = spec & (d_ctx == i)  # (n,) bool
                 if not sel.any():
+                    self.pos[i].age(1)
                     continue
                 self.pos[i].update(tried[sel], outcome.accepted[sel], t[sel])
                 self.req[i].update(outcome.slots[sel], s[sel], t[sel])
@@ -158,15 +162,18 @@ class AcceptanceModel:
         if not rows.steps:
             return
         acc, t, step = rows.col("accepted"), rows.col("t"), rows.col("step")
+        age = (rows.steps - 1) - step  # (rows,) learning steps after each row's
         if rows.one >= 0:  # one drafter learned from every row: each step is one of its updates
-            self.pos[rows.one].update_steps(acc, t, (rows.steps - 1) - step, rows.steps)
+            self.pos[rows.one].update_steps(acc, t, age, rows.steps)
+            self._age_idle(rows.steps, rows.one)
         else:
             spec, d = rows.col("spec"), rows.col("d")
             for i in range(len(self.pos)):
                 sel = spec & (d == i)  # (rows,) bool
                 if sel.any():
-                    age, steps = _ages(step[sel])
-                    self.pos[i].update_steps(acc[sel], t[sel], age, steps)
+                    self.pos[i].update_steps(acc[sel], t[sel], age[sel], rows.steps)
+                else:
+                    self.pos[i].age(rows.steps)
         category = rows.col("category")
         if category is not None:
             spec = rows.col("spec")
@@ -175,6 +182,12 @@ class AcceptanceModel:
             self._calibrate_rows(rows)
         if self.by_avail and rows.col("avail") is not None:
             self._lookup_rows(rows)
+
+    def _age_idle(self, steps: int, active: int) -> None:
+        """Every drafter but ``active`` learned nothing for ``steps`` learning steps: its evidence decays."""
+        for i, pr in enumerate(self.pos):
+            if i != active:
+                pr.age(steps)
 
     def _lookup_rows(self, rows: PooledRows) -> None:
         avail, spec, d, step = rows.col("avail"), rows.col("spec"), rows.col("d"), rows.col("step")
@@ -355,13 +368,6 @@ def _width(conf: np.ndarray, K: int) -> np.ndarray:
     if conf.shape[1] >= K:
         return conf[:, :K]
     return np.concatenate([conf, np.full((conf.shape[0], K - conf.shape[1]), np.nan)], axis=1)
-
-
-def _ages(step: np.ndarray) -> tuple[np.ndarray, int]:
-    """For rows of steps ``step`` (rows,), non-decreasing: each row's number of later distinct steps
-    among them, and the number of distinct steps."""
-    steps = np.unique(step)  # (updates,)
-    return (steps.size - 1) - np.searchsorted(steps, step), int(steps.size)
 
 
 def lookup_drafters(ctx) -> np.ndarray:
