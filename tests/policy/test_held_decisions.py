@@ -272,3 +272,25 @@ def test_with_several_drafters_a_full_decision_every_step_while_the_outcomes_sti
     assert several[:8].all()  # the first steps' outcomes are a large share of all learned
     assert not several[-40:].all() and several[-40:].sum() >= 40 // 8  # later the period (or sooner)
     assert one_drafter.sum() == 120 // 8  # one drafter: every 8 steps from the first
+
+
+def test_while_the_bandit_decides_on_the_engines_loop_the_hold_is_the_longest():
+    """With several drafters the bandit's first epochs run on the engine's loop even where the
+    engine overlaps decisions with its steps (``wants_fresh``): there the interval stays
+    REFRESH_EVERY whatever the step time; after them it follows the steps (60 ms: 2)."""
+    plan = compile_plan(make_profile(), max_k=K)
+    pol = AdaptivePolicy(PolicyContext.from_plan(plan), seed=1)
+    drafters = tuple(plan.drafters)
+    rng = np.random.default_rng(0)
+    seen = {True: set(), False: set()}
+    for step in range(400):
+        v = StepView.build(slots=np.arange(4), request_ids=np.arange(4), ctx_lens=np.full(4, 400 + step),
+                           remaining=np.full(4, 1000), drafters=drafters, max_k=K, free_kv_slots=10**6,
+                           token_budget=8192, step=step)
+        d = pol.decide(v)
+        if np.isfinite(d.predicted_step_ms):
+            seen[pol.wants_fresh()].add(pol.held.every)
+        o = _outcome(v, d.k, rng.binomial(d.k, 0.7), rng)
+        pol.observe(replace(o, drafter=d.drafter, total_ms=60.0))
+    assert seen[True] == {REFRESH_EVERY}
+    assert seen[False] == {2}

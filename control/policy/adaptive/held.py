@@ -14,7 +14,9 @@ with step_us the mean time of the steps since the last refresh (their outcomes' 
 n requests costs (``FULL_DECISION_US``, measured by ``benchmarks/decision_cost.py``): on an H100's
 6-17 ms steps that is the 6-8 steps between refreshes, on the CPU pair's 25-90 ms steps every 1-2 steps,
 where a decision held over 8 steps cost 1-2% of the replay's tokens per second (docs/controller-cost.md).
-An owner that passes ``refresh_every`` fixes N.
+An owner that passes ``refresh_every`` fixes N; while the owner decides on the engine's loop (the
+drafter bandit's first epochs, ``AdaptivePolicy.wants_fresh``, which an overlapping engine does not
+move to its worker) N is the longest, REFRESH_EVERY.
 It leaves, per slot, the request's draft length, drafter and confidence cut, and per drafter d a
 table of draft lengths over the acceptance rate:
 
@@ -113,10 +115,11 @@ class HeldDecisions:
         return k, self.drafter[slots], (self.cut[slots] if self.has_cut else None)
 
     def hold(self, sp: StepPlan, acceptance: AcceptanceModel, to_exec: np.ndarray, default: int,
-             newcomer: int = -1, step_ms: float = math.nan) -> None:
+             newcomer: int = -1, step_ms: float = math.nan, on_loop: bool = False) -> None:
         """Keep a full decision (``sp``) per slot and rebuild the table for new requests (``newcomer``:
         the plan drafter for them, -1: the one most requests drafted with; ``step_ms``: the steps'
-        mean time since the last refresh, NaN: none measured)."""
+        mean time since the last refresh, NaN: none measured; ``on_loop``: the next decisions run on
+        the engine's loop even where it overlaps them with its steps, so hold the longest)."""
         slots, choice = sp.view.slots, sp.choice
         self.k[slots] = choice.k
         self.drafter[slots] = sp.d_exec
@@ -125,7 +128,8 @@ class HeldDecisions:
             self.cut[slots] = sp.conf_cut
         self.valid, self._step, self._batch, self._map = True, sp.view.step, sp.n, to_exec
         if self.auto:
-            self.every = refresh_interval(sp.n, step_ms if step_ms > 0.0 else float(choice.step_ms))
+            self.every = REFRESH_EVERY if on_loop else refresh_interval(
+                sp.n, step_ms if step_ms > 0.0 else float(choice.step_ms))
         # the refresh's deepest draft among requests not held back by a cap of their own, below max_k
         # (at batch 1 near the end of a request its k is capped by the tokens left: then no limit)
         free = choice.k[(choice.k < sp.cap) | (sp.cap >= self.K)]

@@ -226,7 +226,7 @@ class AdaptivePolicy(BasePolicy):
         self.flush()
         sp = self._full_decision(view, cap)
         self.held.hold(sp, self.acceptance, self._to_exec, self.ctx.default, self.choice.newcomer(),
-                       self._steps_ms / self._steps_n if self._steps_n else math.nan)
+                       self._steps_ms / self._steps_n if self._steps_n else math.nan, on_loop=self.wants_fresh())
         self._steps_ms, self._steps_n = 0.0, 0
         c = sp.choice
         return Decision(c.k, sp.d_exec, conf_cut=sp.conf_cut, prefill_draft=False, prefill_drafter=self.prefill_drafter(),
