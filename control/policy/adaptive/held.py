@@ -9,11 +9,12 @@ N spends at most ``DECISION_SHARE`` of the step time on full decisions (``refres
 
     N = clip(ceil(full_us(n) / (DECISION_SHARE * step_us)), 1, REFRESH_EVERY)
 
-with step_us the mean time of the steps since the last refresh (their outcomes' ``total_ms``, or draft
-+ verify time where the engine has no total; the full decision's prediction before any) and full_us(n) what a full decision over
-n requests costs (``FULL_DECISION_US``, measured by ``benchmarks/decision_cost.py``): on an H100's
-6-17 ms steps that is the 6-8 steps between refreshes, on the CPU pair's 25-90 ms steps every 1-3 steps,
-where a decision held over 8 steps cost 1-2% of the replay's tokens per second (docs/controller-cost.md).
+with step_us the mean time of the steps since the last refresh (their outcomes' ``total_ms``, or
+draft + verify time where the engine has no total; the full decision's prediction before any) and
+full_us(n) what a full decision over n requests costs (``FULL_DECISION_US``, measured by
+``benchmarks/decision_cost.py``): on an H100's 6-17 ms steps that is the 6-8 steps between
+refreshes, on the CPU pair's 25-90 ms steps every 1-3 steps, where a decision held over 8 steps cost
+1-2% of the replay's tokens per second (docs/controller-cost.md).
 An owner that passes ``refresh_every`` fixes N; while the owner decides on the engine's loop (the
 drafter bandit's first epochs, ``AdaptivePolicy.wants_fresh``, which an overlapping engine does not
 move to its worker) N is the longest, REFRESH_EVERY.

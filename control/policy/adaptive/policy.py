@@ -16,10 +16,10 @@ own module with its formula in its docstring:
 7. cuts (``cuts.py``): marginal-cost confidence cuts mapped through each drafter's calibration.
 8. pace (``optimise.py``): each request's smoothed tokens per step, the next step's weights.
 
-That full decision runs every few steps, as often as ``DECISION_SHARE`` of the step time allows (and when the batch size doubled or halved, or
-the drafters changed); in between, a step
-only looks up each request's held draft length, and a new request's from a table over acceptance
-rates (``held.py``). Outcomes are queued and learned, in order, when the next full decision (or a
+That full decision runs every few steps, as often as ``DECISION_SHARE`` of the step time allows
+(and when the batch size doubled or halved, or the drafters changed); in between, a step only
+looks up each request's held draft length, and a new request's from a table over acceptance rates
+(``held.py``). Outcomes are queued and learned, in order, when the next full decision (or a
 reader of the estimates) needs them.
 
 ``observe`` updates the estimators (``survival.py``), refits the cost model online (``refit.py``)
