@@ -1,5 +1,7 @@
 """Each of ``adaptive``'s stages on its own: a step plan in, the stage's fields out."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -145,6 +147,28 @@ def test_drafter_choice_stage_assigns_every_request_an_allowed_drafter_and_price
                       accepted=np.array([0, 1, 2, 3, 4, 4]), verify_ms=10.0, step=0)
     r = choice.rewards(out, np.zeros(6, dtype=np.int64), ctx.cost)  # (6,)
     assert (np.diff(r) >= 0).all() and r[4] == r[5] and r[0] > 0  # same cost share: reward follows tokens
+
+
+def test_drafter_choice_rewards_a_lookup_that_found_nothing_as_the_plain_step_it_gave():
+    """The bandit learns from the requests that drafted and from those on n-gram whose lookup found
+    nothing (their step was plain decoding: that is what n-gram gave them). A draft model's request
+    the optimiser gave k = 0, and a request on a drafter the policy does not know, teach nothing."""
+    ctx = _ctx(acceptance={"draft": 0.75, "ngram": 0.6})
+    pos = [PositionRates(K, prior=ctx.prior_positions[i]) for i in range(2)]
+    choice = DrafterChoice(ctx, pos, UniformSteps(2, K), seed=0)
+    d_ctx = np.array([0, 0, 1, 1, 1, -1])  # draft, draft, ngram x 3, unknown
+    verified = np.array([3, 0, 2, 0, 0, 0])
+    avail = np.array([0, 0, 4, 0, 5, 0])  # request 4: its lookup proposed 5, the optimiser asked 0
+    out = StepOutcome(slots=np.arange(6), request_ids=np.arange(6), drafter=np.maximum(d_ctx, 0),
+                      ctx_lens=np.full(6, 300), drafted=verified, verified=verified,
+                      accepted=np.array([2, 0, 2, 0, 0, 0]), verify_ms=10.0, step=0, ngram_avail=avail)
+    spec = verified > 0
+    np.testing.assert_array_equal(choice.rewarded(out, d_ctx, spec), [True, False, True, True, False, False])
+    only_empty = choice.rewarded(out, d_ctx, None)  # nobody drafted: the empty lookup still teaches
+    np.testing.assert_array_equal(only_empty, [False, False, False, True, False, False])
+    r = choice.rewards(out, d_ctx, ctx.cost)
+    assert r[3] < 1.0 < r[2]  # a plain step in a step where others verified more: below the plain rate
+    assert choice.rewarded(replace(out, ngram_avail=None), d_ctx, None) is None
 
 
 def test_refit_stage_rebuilds_the_cost_model_every_refit_period_from_measured_times():

@@ -12,7 +12,8 @@ in a step pays its own k passes): the most used one, or while exploring the one 
 favourite on a near tie, except that from the second epoch a model still unmeasured (fewer than
 ``PROBE_TRIALS`` first-position trials) keeps the requests drawn for it; new requests prefill the
 model that drafted most last step.
-Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share).
+Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share), over a plain
+step's tokens per ms; a request on n-gram whose lookup found nothing earns a plain step's reward.
 
 An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail``; 0 without a
 match), so a request on n-gram drafts min(k, a_r): its cap becomes min(cap_r, a_r) (0 without a match:
@@ -264,6 +265,22 @@ class DrafterChoice:
             if g > best:
                 best, fav = g, int(i)
         return fav
+
+    def rewarded(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray | None) -> np.ndarray | None:
+        """(n,) bool: the requests whose outcome teaches the bandit (None: none do). Those that drafted
+        (``spec``, None when nobody did), and those on an n-gram drafter whose lookup found nothing:
+        a plain step is what that drafter gave them (docs/decisions.md, 2026-11-26). A drafter this
+        policy does not know (-1) teaches nothing."""
+        known = d_ctx >= 0  # (n,) bool
+        mine = known if spec is None else spec & known
+        avail = outcome.ngram_avail
+        if avail is not None and self.is_ngram.any():
+            empty = known & (avail == 0) & (outcome.verified == 0)  # (n,) bool
+            empty &= self.is_ngram[np.maximum(d_ctx, 0)]
+            mine = empty if spec is None else mine | empty
+        elif spec is None:
+            return None
+        return mine if mine.any() else None
 
     def rewards(self, outcome: StepOutcome, d_ctx: np.ndarray, cost: StepCostModel) -> np.ndarray:
         """(n,) per-request speedup over no speculation in the same step: the tokens each request

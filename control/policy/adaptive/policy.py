@@ -368,9 +368,9 @@ class AdaptivePolicy(BasePolicy):
             rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence,
                      uniform, outcome.ngram_avail)
         self._refit(outcome, d_ctx, uniform)
-        if spec is not None and self.bandit is not None:
-            mine = spec & (d_ctx >= 0)  # outcomes of a drafter this policy does not know teach its bandit nothing
-            if mine.any():
+        if self.bandit is not None:
+            mine = self.choice.rewarded(outcome, d_ctx, spec)
+            if mine is not None:
                 self.bandit.update(outcome.slots[mine], d_ctx[mine], self.choice.rewards(outcome, d_ctx, self._cost)[mine])
 
     def _refit(self, outcome: StepOutcome, d_ctx: np.ndarray, uniform: bool) -> None:
