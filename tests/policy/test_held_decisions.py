@@ -177,19 +177,30 @@ def test_refresh_every_must_be_positive():
     assert h.due(2, 0, np.zeros(1, dtype=np.int64))  # nothing held yet
 
 
-def _two_drafter_sim(every, seed):
+TWO_DRAFTER_SEEDS = range(24)  # workload seeds: drift is a matter of a few seeds in twenty
+
+
+def _two_drafter_case(seed):
     """The simulator's two-drafter case (``tests/executors/sim/test_simulator.py``): a draft model at
-    0.75 and n-gram lookup the profile rates 0.6 and the workload gives 0.45. Returns the trials on
-    each drafter and the policy (with the run's ``busy_s``)."""
+    0.75 and n-gram lookup the profile rates 0.6 and the workload gives 0.45. Returns the setup, the
+    workload and the acceptance process."""
     from control.bench.simrun import SimSetup
     from control.bench.workloads import poisson
-    from control.executors.sim import AcceptanceProcess, SimEngine
+    from control.executors.sim import AcceptanceProcess
 
     prof = make_profile(acceptance={"draft": 0.75, "ngram": 0.6})
     w = poisson(300, 30.0, "200", "lognormal:120:40", seed=seed)
     setup = SimSetup(prof, w, acceptance_overrides={"draft": 0.75, "ngram": 0.45})
     rr = setup.rates(w, 0)
-    proc = AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, 8, 0)
+    return setup, w, AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, 8, 0)
+
+
+def _two_drafter_sim(every, seed):
+    """Adaptive on the two-drafter case: the trials on each drafter and the policy (with the run's
+    ``busy_s``)."""
+    from control.executors.sim import SimEngine
+
+    setup, w, proc = _two_drafter_case(seed)
     trials = np.zeros(2, dtype=np.int64)
     pol = AdaptivePolicy(PolicyContext.from_plan(setup.plan()), seed=0, refresh_every=every)
 
@@ -205,28 +216,49 @@ def _two_drafter_sim(every, seed):
                                      minlength=2).astype(np.int64)
             pol.observe(outcome)
 
-    res = SimEngine(prof.step_cost(["draft", "ngram"]), ("draft", "ngram"), w.arrival_s, w.prompt_tokens,
+    res = SimEngine(setup.profile.step_cost(["draft", "ngram"]), ("draft", "ngram"), w.arrival_s, w.prompt_tokens,
                     w.output_tokens, proc, setup.config(0)).run(Counting())
     pol.busy_s = res.busy_s
     return trials, pol
 
 
-@pytest.mark.parametrize("seed", [6, 11])
-def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_little_and_do_not_drift_to_it(seed):
+def _draft_alone_busy_s(seed):
+    """Busy time of adaptive on the two-drafter case's draft model alone (the better drafter)."""
+    from control.bench.simrun import SimSetup, run_policy
+
+    setup, w, _ = _two_drafter_case(seed)
+    alone = SimSetup(setup.profile, w, drafters=["draft"], acceptance_overrides={"draft": 0.75})
+    return run_policy(alone, w, "adaptive", 0).busy_s
+
+
+def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_little_and_do_not_drift_to_it():
     """Held between refreshes, the bandit's stages last as many steps as when it decides every step
-    (its clock counts the held steps), the measured loser gets a few percent of the trials, and the
-    run's busy time is within 1% of deciding every step. Seeds 6 and 11 drifted to the loser (76% and
-    98% of the trials, 1.5-2% more busy time) while rewards were tokens per ms, which grow with the
-    batch: the loser, explored at larger batches, looked better (docs/controller-cost.md, sixth round)."""
-    every_step, pol1 = _two_drafter_sim(1, seed)
-    assert every_step[1] < 0.02 * every_step.sum()
-    for every in (None, 2):
-        trials, pol = _two_drafter_sim(every, seed)
-        assert pol.held.every == every if every is not None else 1 < pol.held.every <= REFRESH_EVERY
-        assert trials[0] > 100 and trials[1] > 0  # both were tried
-        assert trials[1] < 0.05 * trials.sum(), (every, trials)
-        assert abs(pol.bandit.epoch - pol1.bandit.epoch) <= 1  # the same stages in steps
-        assert pol.busy_s <= 1.01 * pol1.busy_s, (every, pol.busy_s, pol1.busy_s)
+    (its clock counts the held steps), and whatever the refresh period, two drafters cost little over
+    the better one alone: over 24 workload seeds, busy time 0.5% over the draft model alone's on the
+    mean, 1% on at most two seeds, 3% on none, and the loser gets under 2% of the trials on most seeds.
+
+    While rewards were tokens per ms, which grow with the batch, the loser, explored at larger batches,
+    looked better, and seeds 6 and 11 drifted to it at every period (76% and 98% of the trials, 1.5-2%
+    more busy time; docs/controller-cost.md, sixth round). Since idle drafters' counts decay (the loser
+    is re-explored), a bound per seed on those two held by luck: with a request prior of 8 trials, on
+    seeds 0-23 deciding every step, 7 seeds gave the loser over 2% of the trials and 4 ran over 1%
+    slower than the draft model alone (docs/decisions.md, 2026-11-26)."""
+    alone = np.array([_draft_alone_busy_s(s) for s in TWO_DRAFTER_SEEDS])  # (24,)
+    for every in (1, None, 2):
+        runs = [_two_drafter_sim(every, s) for s in TWO_DRAFTER_SEEDS]
+        ratio = np.array([pol.busy_s for _, pol in runs]) / alone  # (24,)
+        share = np.array([t[1] / t.sum() for t, _ in runs])  # (24,) the loser's share of the trials
+        assert ratio.mean() <= 1.005 and (ratio > 1.01).sum() <= 2 and ratio.max() <= 1.03, (every, ratio)
+        assert (share < 0.02).sum() >= 16, (every, share)
+        assert all(t[0] > 100 and t[1] > 0 for t, _ in runs)  # both were tried
+        if every is None:
+            assert all(1 < pol.held.every <= REFRESH_EVERY for _, pol in runs)
+        else:
+            assert all(pol.held.every == every for _, pol in runs)
+        if every == 1:
+            epochs = [pol.bandit.epoch for _, pol in runs]
+        else:  # the same stages in steps
+            assert all(abs(pol.bandit.epoch - e) <= 1 for (_, pol), e in zip(runs, epochs, strict=True))
 
 
 def test_a_request_arriving_between_refreshes_stays_on_its_drafter_in_the_bandit():

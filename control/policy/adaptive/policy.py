@@ -51,7 +51,11 @@ from control.policy.base import I64, BasePolicy, PolicyContext
 from control.policy.gate import Gate
 from control.policy.types import Decision, StepOutcome, StepView, stopped_short
 
-REQUEST_STRENGTH = 8.0  # pseudo-trials the pooled rate is worth in a request's Beta posterior
+# pseudo-trials the pooled rate is worth in a request's Beta posterior: the spread of acceptance
+# between requests on the recorded prompt sets puts it at 9-24 (empirical Bayes, counting a request's
+# trials as independent, which they are not: more), and a request's early rate predicts its later one
+# only in part (correlation 0.3-0.7 between halves), so its own first steps should not set its k alone
+REQUEST_STRENGTH = 16.0
 FRESH_EPOCHS = 3  # bandit epochs decided on every outcome so far, even by an engine that prepares a step ahead
 
 
