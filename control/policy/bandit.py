@@ -20,7 +20,9 @@ below is re-drawn at once instead of at the chunk's end. The adaptive policy set
 posterior probability of being the best (Thompson sampling on acceptance through the cost model),
 so a drafter that the profile and the outcomes so far make clearly worse is not tried for whole
 chunks of steps: SPIN assumes no prior, and uniform exploration of a dominated drafter costs more
-than it can teach (docs/decisions.md, 2026-11-22).
+than it can teach (docs/decisions.md, 2026-11-22). It also sets ``prior_slots``: a request's own
+mean reward on a drafter, from a few noisy steps, is shrunk to the drafter's pooled mean, so the
+matching does not keep on a worse drafter the requests whose first rewards there were luckiest.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class DrafterBandit:
         self._allowed_mask: np.ndarray | None = None
         self.explore_p: np.ndarray | None = None  # exploration draw probabilities (None: uniform)
         self.keep_p = 0.0  # mid-chunk, a request whose drafter's explore_p <= keep_p is re-drawn
+        self.prior_slots = 0.0  # pseudo-rewards of the pooled mean in a request's estimate (``estimates``)
 
     # -- state -----------------------------------------------------------------------------------
     def _ensure(self, max_slot: int) -> None:
@@ -89,9 +92,13 @@ class DrafterBandit:
         self.assigned[slots] = drafter
 
     def estimates(self, slots: np.ndarray) -> np.ndarray:
-        """Estimated goodput per (request, drafter); pooled drafter means where a request has none."""
+        """Estimated goodput per (request, drafter): the request's mean reward there, shrunk to the
+        drafter's pooled mean by ``prior_slots`` pseudo-rewards (0: SPIN's plain mean); the pooled
+        mean where a request has none."""
         pooled = np.where(self.pool_cnt > 0, self.pool_sum / np.maximum(self.pool_cnt, 1), 0.0)
         cnt = self.g_cnt[slots]
+        if self.prior_slots > 0:
+            return (self.g_sum[slots] + self.prior_slots * pooled[None, :]) / (cnt + self.prior_slots)
         return np.where(cnt > 0, self.g_sum[slots] / np.maximum(cnt, 1), pooled[None, :])
 
     def best_new(self) -> int:

@@ -98,6 +98,28 @@ def test_bandit_prefers_not_switching_when_switching_is_costly():
     assert exploit_switches < cheap.switches - before_cheap
 
 
+def test_bandit_estimates_shrink_a_requests_few_rewards_to_the_drafters_pooled_mean():
+    """With ``prior_slots``, a request's estimate on a drafter weighs the pooled mean as that many
+    rewards: a lucky streak of two does not outrank a drafter that is better on the whole, while a long
+    record of the request's own does; without it (SPIN) the request's plain mean is its estimate."""
+    b = DrafterBandit(2, None, explore_slots=4, chunk_slots=4, seed=0)
+    pool = np.arange(400)
+    b.update(pool, np.zeros(400, dtype=np.int64), np.full(400, 1.6))  # drafter 0: 1.6 over many requests
+    b.update(pool, np.ones(400, dtype=np.int64), np.full(400, 1.2))  # drafter 1: 1.2
+    slots = np.array([500, 501])
+    for _ in range(2):  # request 500: two lucky steps on drafter 1
+        b.update(slots[:1], np.array([1]), np.array([2.0]))
+    for _ in range(64):  # request 501: drafter 1 is really better for it
+        b.update(slots[1:], np.array([1]), np.array([2.0]))
+    plain = b.estimates(slots)  # (2, 2)
+    assert plain[0, 1] == 2.0 and plain[0, 1] > plain[0, 0]  # SPIN: the lucky streak wins
+    b.prior_slots = 8.0
+    est = b.estimates(slots)
+    assert est[0, 0] == plain[0, 0] and est[0, 1] < est[0, 0]  # the pooled mean wins over two steps
+    assert est[1, 1] > est[1, 0]  # 64 steps of its own outweigh the prior
+    assert est[0, 1] == (2 * 2.0 + 8.0 * b.pool_sum[1] / b.pool_cnt[1]) / (2 + 8.0)
+
+
 def test_bandit_explores_with_the_given_probabilities_and_only_allowed_drafters():
     b = DrafterBandit(3, None, explore_slots=8, chunk_slots=1, seed=0)
     b.explore_p = np.array([0.0, 0.9, 0.1])

@@ -14,6 +14,8 @@ favourite on a near tie, except that from the second epoch a model still unmeasu
 model that drafted most last step.
 Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share), over a plain
 step's tokens per ms; a request on n-gram whose lookup found nothing earns a plain step's reward.
+The matching weighs a request's mean reward on a drafter against the drafter's pooled mean as
+``REWARD_PRIOR_STEPS`` steps' worth (``DrafterBandit.prior_slots``).
 
 An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail``; 0 without a
 match), so a request on n-gram drafts min(k, a_r): its cap becomes min(cap_r, a_r) (0 without a match:
@@ -48,6 +50,10 @@ EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of be
 # below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
 EXPLORE_TIE = 0.25  # while exploring, a step's draft model stays the favourite unless another one drawn
 # is likelier best by more than this (one model per step)
+REWARD_PRIOR_STEPS = 8.0  # steps' rewards the drafter's pooled mean is worth in a request's estimate for the
+# matching: the spread of mean rewards between requests on the replays puts it at 2-11 (empirical Bayes,
+# reading low as a request's rewards are correlated); without it the matching kept on n-gram the requests
+# whose first n-gram rewards were luckiest, a tenth of the request-steps at batch 4 on the full CPU pair
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
 
@@ -66,6 +72,7 @@ class DrafterChoice:
                                      b.max_exploit_slots, seed=seed) if (m > 1 and b.enabled) else None)
         if self.bandit is not None:
             self.bandit.keep_p = EXPLORE_KEEP
+            self.bandit.prior_slots = REWARD_PRIOR_STEPS
         self._rng = np.random.default_rng(seed)
         self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self.is_ngram = np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)  # (m,)

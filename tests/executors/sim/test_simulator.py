@@ -193,8 +193,10 @@ def test_several_drafters_each_with_their_own_cost_and_acceptance():
     it used, and adaptive's bandit tries both: the profile rates prompt lookup as a plausible rival
     (0.6 against 0.75), the workload gives it 0.45; once measured it is dropped, not explored for
     whole chunks of steps the way uniform exploration would. It is tried again as its evidence ages
-    (every drafter's counts decay with the steps, docs/decisions.md 2026-11-26): about 2% of the
-    trials here, where keeping the first measurement for ever gave under 1%."""
+    (every drafter's counts decay with the steps, docs/decisions.md 2026-11-26): 2-3% of the
+    trials on this seed, where keeping the first measurement for ever gave under 1%. How often such
+    re-exploration turns into drift, over many seeds, is
+    ``tests/policy/test_held_decisions.py``'s to bound."""
     prof = make_profile(acceptance={"draft": 0.75, "ngram": 0.6})
     w = poisson(300, 30.0, "200", "lognormal:120:40", seed=6)
     setup = SimSetup(prof, w, acceptance_overrides={"draft": 0.75, "ngram": 0.45})
@@ -221,6 +223,6 @@ def test_several_drafters_each_with_their_own_cost_and_acceptance():
                     w.output_tokens, proc, setup.config(0))
     eng.run(Recorder(build_policy("adaptive", setup.plan(), seed=0)))
     assert seen[0][1] > 100 and seen[1][1] >= 10  # both drafters were used
-    assert seen[0][1] > 40 * seen[1][1]  # ... and the measured loser was not explored on and on
+    assert seen[0][1] > 30 * seen[1][1]  # ... and the measured loser was not explored on and on
     rate = {d: seen[d][0] / seen[d][1] for d in (0, 1)}  # per-trial acceptance (chain MLE)
     assert rate[0] > rate[1] + 0.2
