@@ -52,8 +52,7 @@ EXPLORE_TIE = 0.25  # while exploring, a step's draft model stays the favourite 
 # is likelier best by more than this (one model per step)
 REWARD_PRIOR_STEPS = 8.0  # steps' rewards the drafter's pooled mean is worth in a request's estimate for the
 # matching: the spread of mean rewards between requests on the replays puts it at 2-11 (empirical Bayes,
-# reading low as a request's rewards are correlated); without it the matching kept on n-gram the requests
-# whose first n-gram rewards were luckiest, a tenth of the request-steps at batch 4 on the full CPU pair
+# reading low as a request's rewards are correlated), so a few lucky steps do not outweigh a drafter's record
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
 
