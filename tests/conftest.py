@@ -40,6 +40,23 @@ def make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0), ngram_m
     return parse_profile(doc)
 
 
+class Observing:
+    """A policy that hands every outcome to ``see`` before the wrapped policy learns it (for tests that
+    count what a policy did without changing it)."""
+
+    def __init__(self, inner, see) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.see = see
+
+    def decide(self, view):
+        return self.inner.decide(view)
+
+    def observe(self, outcome) -> None:
+        self.see(outcome)
+        self.inner.observe(outcome)
+
+
 @pytest.fixture
 def profile():
     return make_profile()

@@ -10,6 +10,7 @@ import pytest
 
 from control.bench.replay import ReplayRecord, replay_run, tokens_per_s
 from control.profile import load_profile
+from tests.conftest import Observing
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "control" / "bench" / "data" / "replay-stdlib-full.npz"
@@ -35,20 +36,11 @@ def test_the_bandit_keeps_the_batch_on_the_draft_model_that_pays(record):
     tiny = record.drafters.index("draft-tiny")
     outcomes = []  # (drafter (n,), drafted (n,) bool) per step
 
-    class Watch:
-        def __init__(self, inner):
-            self.inner = inner
-            self.name = inner.name
-
-        def decide(self, view):
-            return self.inner.decide(view)
-
-        def observe(self, outcome):
-            outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
-            self.inner.observe(outcome)
+    def see(outcome):
+        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
 
     best = tokens_per_s(replay_run(record, profile, BEST, BATCH))
-    got = tokens_per_s(replay_run(record, profile, "adaptive", BATCH, seed=0, wrap=Watch))
+    got = tokens_per_s(replay_run(record, profile, "adaptive", BATCH, seed=0, wrap=lambda p: Observing(p, see)))
     half = outcomes[len(outcomes) // 2:]
     on_tiny = sum(int(((d == tiny) & spec).sum()) for d, spec in half)
     drafted = sum(int(spec.sum()) for _, spec in half)

@@ -11,7 +11,7 @@ from control.policy import StepOutcome, StepView
 from control.policy.adaptive import AdaptivePolicy
 from control.policy.adaptive.held import RATE_BUCKETS, REFRESH_EVERY, HeldDecisions, refresh_interval
 from control.policy.base import PolicyContext
-from tests.conftest import make_profile
+from tests.conftest import Observing, make_profile
 
 K = 6
 
@@ -204,20 +204,13 @@ def _two_drafter_sim(every, seed):
     trials = np.zeros(2, dtype=np.int64)
     pol = AdaptivePolicy(PolicyContext.from_plan(setup.plan()), seed=0, refresh_every=every)
 
-    class Counting:
-        name = pol.name
-
-        def decide(self, view):
-            return pol.decide(view)
-
-        def observe(self, outcome):
-            on = outcome.verified > 0
-            trials[:] += np.bincount(outcome.drafter[on], weights=np.minimum(outcome.accepted + 1, outcome.verified)[on],
-                                     minlength=2).astype(np.int64)
-            pol.observe(outcome)
+    def count(outcome):
+        on = outcome.verified > 0
+        trials[:] += np.bincount(outcome.drafter[on], weights=np.minimum(outcome.accepted + 1, outcome.verified)[on],
+                                 minlength=2).astype(np.int64)
 
     res = SimEngine(setup.profile.step_cost(["draft", "ngram"]), ("draft", "ngram"), w.arrival_s, w.prompt_tokens,
-                    w.output_tokens, proc, setup.config(0)).run(Counting())
+                    w.output_tokens, proc, setup.config(0)).run(Observing(pol, count))
     pol.busy_s = res.busy_s
     return trials, pol
 

@@ -12,7 +12,7 @@ from control.plan import compile_plan
 from control.policy import build_policy
 from control.policy.base import BasePolicy, PolicyContext
 from control.policy.types import Decision
-from tests.conftest import make_profile
+from tests.conftest import Observing, make_profile
 
 I64 = np.int64
 
@@ -204,24 +204,15 @@ def test_several_drafters_each_with_their_own_cost_and_acceptance():
     proc = AcceptanceProcess(rr.rates, rr.decay, rr.informativeness, 8, 0)
     seen = {0: [0, 0], 1: [0, 0]}
 
-    class Recorder:
-        def __init__(self, inner):
-            self.inner = inner
-            self.name = inner.name
-
-        def decide(self, view):
-            return self.inner.decide(view)
-
-        def observe(self, outcome):
-            for d in (0, 1):
-                sel = (outcome.drafter == d) & (outcome.verified > 0)
-                seen[d][0] += int(outcome.accepted[sel].sum())
-                seen[d][1] += int(np.minimum(outcome.accepted[sel] + 1, outcome.verified[sel]).sum())
-            self.inner.observe(outcome)
+    def count(outcome):
+        for d in (0, 1):
+            sel = (outcome.drafter == d) & (outcome.verified > 0)
+            seen[d][0] += int(outcome.accepted[sel].sum())
+            seen[d][1] += int(np.minimum(outcome.accepted[sel] + 1, outcome.verified[sel]).sum())
 
     eng = SimEngine(prof.step_cost(["draft", "ngram"]), ("draft", "ngram"), w.arrival_s, w.prompt_tokens,
                     w.output_tokens, proc, setup.config(0))
-    eng.run(Recorder(build_policy("adaptive", setup.plan(), seed=0)))
+    eng.run(Observing(build_policy("adaptive", setup.plan(), seed=0), count))
     assert seen[0][1] > 100 and seen[1][1] >= 10  # both drafters were used
     assert seen[0][1] > 30 * seen[1][1]  # ... and the measured loser was not explored on and on
     rate = {d: seen[d][0] / seen[d][1] for d in (0, 1)}  # per-trial acceptance (chain MLE)
