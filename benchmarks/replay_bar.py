@@ -7,6 +7,10 @@ Tokens per modelled second = generated tokens / the simulator's busy time. The r
 deterministic: a second run prints the same table. ``--seeds N`` runs each policy with policy seeds
 0..N-1 (its exploration draws) and reports the mean ratio and the worst seed: one seed hid a seed
 at 0.80 of the best fixed configuration (docs/validation.md, "The full pair's replay").
+``--breakdown`` adds where each run's busy time went, for the best fixed configuration and each
+policy's seed 0: prefill iterations and their time (draft prefill included), decode steps and theirs.
+Without chunked prefill the engine runs a prefill iteration at each step where a request finished,
+so a policy that spreads finishing times pays the target's per-pass constant more often.
 
     python benchmarks/replay_bar.py --record control/bench/data/replay-stdlib-quick.npz \
         --profile profiles/cpu/stdlib-quick.yaml [--batches 1,4,16,32] [--policies adaptive,adaptive@ngram]
@@ -38,22 +42,42 @@ def bar_rows(record, profile, batches: list[int], policies: list[str], progress=
     rows = []
     for b in batches:
         t0 = time.perf_counter()
-        fixed = {}
+        fixed, results = {}, {}
         for spec in fixed_configs(record):
-            fixed[spec] = tokens_per_s(replay_run(record, profile, spec, b))
+            results[spec] = replay_run(record, profile, spec, b)
+            fixed[spec] = tokens_per_s(results[spec])
         best = max(fixed, key=fixed.get)
-        row = {"batch": b, "none": fixed["none"], "best_fixed": best, "best_fixed_tok_s": fixed[best], "fixed": fixed}
+        row = {"batch": b, "none": fixed["none"], "best_fixed": best, "best_fixed_tok_s": fixed[best], "fixed": fixed,
+               "best_fixed_split": busy_split(results[best])}
         for pol in policies:
             runs = [replay_run(record, profile, pol, b, seed=s) for s in range(seeds)]
             tok = [tokens_per_s(r) for r in runs]
             mean_k = float((runs[0].k_hist * range(runs[0].k_hist.size)).sum() / max(runs[0].k_hist.sum(), 1))
             row[pol] = {"tok_s": sum(tok) / seeds, "vs_best": sum(tok) / seeds / fixed[best],
-                        "vs_best_min": min(tok) / fixed[best], "per_seed": [t / fixed[best] for t in tok], "mean_k": mean_k}
+                        "vs_best_min": min(tok) / fixed[best], "per_seed": [t / fixed[best] for t in tok], "mean_k": mean_k,
+                        "split": busy_split(runs[0])}
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
         if progress:
             progress(f"batch {b}: {len(fixed) + len(policies) * seeds} runs in {row['wall_s']:.1f} s")
     return rows
+
+
+def busy_split(res) -> dict:
+    """Where a run's busy time went: prefill iterations (draft prefill included) and decode steps."""
+    return {"busy_s": res.busy_s, "prefill_iters": res.steps - res.decode_steps,
+            "prefill_s": res.busy_s - res.decode_busy_s, "decode_steps": res.decode_steps, "decode_s": res.decode_busy_s}
+
+
+def breakdown(rows: list[dict], policies: list[str]) -> str:
+    """Per batch, the best fixed configuration's and each policy's (seed 0) busy-time split."""
+    head = ["batch", "run", "busy s", "prefill iterations", "prefill s", "decode steps", "decode s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        for name, sp in [(r["best_fixed"], r["best_fixed_split"])] + [(p, r[p]["split"]) for p in policies]:
+            lines.append(f"| {r['batch']} | {name} | {sp['busy_s']:.2f} | {sp['prefill_iters']} | {sp['prefill_s']:.2f} | "
+                         f"{sp['decode_steps']} | {sp['decode_s']:.2f} |")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict], policies: list[str], seeds: int = 1) -> str:
@@ -81,6 +105,8 @@ def main(argv=None) -> int:
                                                             "POLICY@D1+D2 restricts its drafters)")
     ap.add_argument("--seeds", type=int, default=1, help="policy seeds per policy, 0..N-1 (default 1): the mean "
                                                           "ratio and the worst seed")
+    ap.add_argument("--breakdown", action="store_true", help="also print where each run's busy time went "
+                                                                 "(prefill iterations, decode steps)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     if args.seeds < 1:
@@ -111,6 +137,9 @@ def main(argv=None) -> int:
           f"{int(record.output_tokens.max())} tokens, drafters {', '.join(record.drafters)}, max_k {record.max_k}; "
           f"profile {profile.sku}/{profile.pair}")
     print(markdown(rows, policies, args.seeds))
+    if args.breakdown:
+        print("\nbusy time, best fixed and each policy's seed 0:")
+        print(breakdown(rows, policies))
     over = f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
     for p in policies:
         ok = all(r[p]["vs_best"] >= BAR for r in rows)

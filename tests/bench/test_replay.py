@@ -193,7 +193,9 @@ def test_bad_inputs_name_the_value(record, profile, tmp_path):
 
 def test_replay_bar_script_prints_the_same_table_twice(tmp_path):
     """benchmarks/replay_bar.py on the stored record of the quick pair: the table names the best fixed
-    configuration and adaptive's ratio, and a second run prints exactly the same."""
+    configuration and adaptive's ratio, and a second run prints exactly the same; ``--breakdown``
+    splits each run's busy time into its prefill iterations and decode steps."""
+    import json
     import os
     import subprocess
     import sys
@@ -204,7 +206,7 @@ def test_replay_bar_script_prints_the_same_table_twice(tmp_path):
 
     def run() -> str:
         p = subprocess.run([sys.executable, str(root / "benchmarks" / "replay_bar.py"), "--batches", "32",
-                            "--json", str(tmp_path / "rows.json")], cwd=tmp_path, env=env, capture_output=True,
+                            "--breakdown", "--json", str(tmp_path / "rows.json")], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 0, p.stderr
         return p.stdout
@@ -215,6 +217,14 @@ def test_replay_bar_script_prints_the_same_table_twice(tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2].startswith("fixed:") and 0.5 < float(cells[5]) < 1.5
     assert "bar (adaptive / best fixed >= 1.00 at every batch)" in first
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    record = ReplayRecord.load(root / "control" / "bench" / "data" / "replay-stdlib-quick.npz")
+    for split in (rows[0]["best_fixed_split"], rows[0]["adaptive"]["split"]):
+        assert split["prefill_s"] + split["decode_s"] == pytest.approx(split["busy_s"], rel=1e-12)
+        assert 0 < split["prefill_s"] < split["busy_s"] and split["decode_steps"] > 0
+        # every request is prefilled once, 32 at most in an iteration (the batch's free slots)
+        assert -(-record.n // 32) <= split["prefill_iters"] <= record.n
+    assert sum(line.startswith("| 32 | ") for line in first.splitlines()) == 3  # the bar's row and two splits
 
 
 def test_replay_bar_over_several_policy_seeds_reports_the_mean_and_the_worst(tmp_path):
