@@ -25,12 +25,14 @@ def record():
 
 
 def test_a_draft_model_dropped_after_an_unlucky_start_is_drawn_again(record):
-    """At batch 1, policy seed 0, draft-tiny (the best drafter here: k = 8, 1.31x draft-small's best)
-    accepts little on its first few draws; the bandit then drew draft-small and n-gram for the rest of
-    the run, because a drafter nobody drafts with kept its early counts for ever (0.743x the best
-    fixed configuration). Every drafter's counts now decay with the steps, drafted with or not, so
-    draft-tiny's estimate drifts back to its prior and is drawn again."""
+    """At batch 1 draft-tiny is the best drafter here (k = 8, 1.31x draft-small's best), but its first
+    draws fall on the first request's opening positions, where it accepts little. Two things kept the
+    bandit on draft-small and n-gram after such a start: a drafter nobody drafts with kept its early
+    counts for ever (policy seed 0 at 0.743x the best fixed configuration; every drafter's counts now
+    decay with the steps), and the exploration posterior counted each drafted position as independent
+    evidence, so a few long drafts looked conclusive (seeds 4 and 5 at 0.761 and 0.755; it now counts
+    request-steps). Over policy seeds 0-7 every run draws draft-tiny again in time."""
     profile = load_profile(PROFILE)
     best = max(tokens_per_s(replay_run(record, profile, c, 1, rows=ROWS)) for c in fixed_configs(record))
-    got = tokens_per_s(replay_run(record, profile, "adaptive", 1, seed=0, rows=ROWS))
-    assert got >= 0.97 * best, got / best
+    got = np.array([tokens_per_s(replay_run(record, profile, "adaptive", 1, seed=s, rows=ROWS)) for s in range(8)]) / best
+    assert got.mean() >= 0.96 and got.min() >= 0.92, got.round(3)

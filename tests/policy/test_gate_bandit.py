@@ -171,6 +171,31 @@ def test_adaptive_explores_a_drafter_in_proportion_to_its_chance_of_being_best()
     assert _explore(pol, view, np.array([True, False]))[1] == 0.0  # not run by the executor
 
 
+def test_adaptive_exploration_weighs_a_drafters_evidence_by_request_steps_not_positions(monkeypatch):
+    """The draft model measured at a chain rate of 2/3 over 120 positions: from 40 drafts of 8 tokens
+    (two accepted, the third rejected) that is 40 pieces of evidence, from 120 one-token drafts 120. With
+    n-gram the favourite (measured at 0.5), the draft model measured by few long drafts is explored more,
+    and as favourite (measured at 0.8) its lead is less sure. (4,096 draws: smooth probabilities.)"""
+    import control.policy.adaptive.drafters as drafters
+
+    monkeypatch.setattr(drafters, "THOMPSON_SAMPLES", 4096)
+    allowed = np.array([True, True])
+
+    def p_draft(verified, accepted):
+        pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
+        pol.pos[0].update(verified, accepted)
+        pol.pos[1].update(np.full(400, 1), np.arange(400) % 2)
+        return _explore(pol, view, allowed)[0], pol.pos[0].totals
+
+    deep, deep_totals = p_draft(np.full(40, 8), np.full(40, 2))
+    shallow, shallow_totals = p_draft(np.full(120, 1), (np.arange(120) % 3 != 0).astype(np.int64))
+    assert deep_totals == shallow_totals == (80.0, 120.0)
+    assert deep > 2 * shallow > 0
+    lead_deep, _ = p_draft(np.full(40, 8), np.full(40, 4))
+    lead_shallow, _ = p_draft(np.full(200, 1), (np.arange(200) % 5 != 0).astype(np.int64))
+    assert 0.5 < lead_deep < lead_shallow
+
+
 def test_adaptive_ignores_outcomes_of_a_drafter_it_does_not_know():
     """An executor may draft with a drafter the plan lacks (its drafter index maps to -1): those
     outcomes must not be credited to another drafter's acceptance or bandit arm."""

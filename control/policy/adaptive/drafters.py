@@ -2,10 +2,15 @@
 
 Exploration draws each drafter with its posterior probability of being the best (Thompson):
 
-    rate_i ~ Normal(mean_i, sd_i),  mean_i = (s_i + prior_i * PRIOR_TRIALS) / (t_i + PRIOR_TRIALS),
-    sd_i = sqrt(mean_i (1 - mean_i) / (t_i + PRIOR_TRIALS + 1))     (Beta's normal approximation)
+    rate_i ~ Normal(mean_i, sd_i),  mean_i = (s_i + prior_i * PRIOR_TRIALS * c_i) / (t_i + PRIOR_TRIALS * c_i),
+    sd_i = sqrt(mean_i (1 - mean_i) / (n_i + PRIOR_TRIALS + 1))     (Beta's normal approximation)
+    n_i = drafting request-steps (first-position trials), c_i = t_i / n_i (trials per request-step)
     best_i = max_k (1 - rate_i^(k+1)) / (1 - rate_i) / (T_i(n, S, k) + catch-up_i)
     P(i) = share of THOMPSON_SAMPLES draws in which drafter i has the largest best_i.
+
+The width counts request-steps, not the positions tried: one draft's positions are one chain (it
+stops at its first rejection, and neighbouring tokens are accepted together), so s_i / t_i is the
+chain rate but t_i overstates the evidence by the draft length.
 
 Requests the bandit puts on different draft models in one step all move to one of them (each model
 in a step pays its own k passes): the most used one, or while exploring the one likeliest best, the
@@ -43,8 +48,8 @@ from control.policy.bandit import DrafterBandit
 from control.policy.base import I64, PolicyContext
 from control.policy.types import StepOutcome, StepView
 
-PRIOR_TRIALS = 8.0  # trials the profile's acceptance is worth in the exploration posterior: its Beta has
-# a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
+PRIOR_TRIALS = 8.0  # request-steps the profile's acceptance is worth in the exploration posterior: its Beta
+# has a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
 THOMPSON_SAMPLES = 32  # posterior draws per exploring step
 EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of being best stays above this:
 # below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
@@ -54,6 +59,7 @@ REWARD_PRIOR_STEPS = 8.0  # steps' rewards the drafter's pooled mean is worth in
 # matching: the spread of mean rewards between requests on the replays puts it at 2-11 (empirical Bayes,
 # reading low as a request's rewards are correlated), so a few lucky steps do not outweigh a drafter's record
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
+MIN_STEPS = 1e-9  # floor of the request-step count dividing a drafter's trials
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
 
 
@@ -166,11 +172,13 @@ class DrafterChoice:
     def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:
         """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc)."""
         m = len(self.ctx.drafters)
-        st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials
-        a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS  # (m,)
-        t = st[:, 1] + PRIOR_TRIALS
+        st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials over every position
+        steps = np.array([float(p.trials[0]) for p in self.pos])  # (m,) drafting request-steps
+        per_step = np.where(steps > 0.0, st[:, 1] / np.maximum(steps, MIN_STEPS), 1.0)  # (m,) trials per request-step
+        a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS * per_step  # (m,)
+        t = st[:, 1] + PRIOR_TRIALS * per_step
         mean = a / t
-        sd = np.sqrt(mean * (1.0 - mean) / (t + 1.0))
+        sd = np.sqrt(mean * (1.0 - mean) / (steps + PRIOR_TRIALS + 1.0))
         rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)  # (S, m)
         kk = self.steps.kk
         tokens = (1.0 - np.power.outer(rate, kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
