@@ -91,6 +91,7 @@ def fleet_stats(ep: Endpoints) -> dict[str, Any]:
         if all(k in d for d in docs):
             out[k] = sum(d[k] for d in docs)
     out["k_hist"] = np.sum([np.asarray(d["k_hist"]) for d in docs], axis=0).tolist()
+    out["drafter_steps"] = _sum_counts(d.get("drafter_steps", {}) for d in docs)
     out["plan_version"] = min(d.get("plan_version", 0) for d in docs)
     return out
 
@@ -265,12 +266,23 @@ TIME_KEYS = ("policy_ms", "prefill_ms", "draft_ms", "verify_ms", "deliver_ms", "
              "policy_worker_cpu_ms")
 
 
+def _sum_counts(docs) -> dict[str, int]:
+    """Name -> count maps added up (replicas of one fleet)."""
+    out: dict[str, int] = {}
+    for doc in docs:
+        for name, n in doc.items():
+            out[name] = out.get(name, 0) + int(n)
+    return out
+
+
 def _delta(after: dict, before: dict) -> dict[str, Any]:
     d = {k: after[k] - before[k] for k in SUMMED_STATS}
     for k in TIME_KEYS:  # an executor that does not time these parts leaves them out
         if k in after and k in before:
             d[k] = after[k] - before[k]
     d["k_hist"] = (np.asarray(after["k_hist"]) - np.asarray(before["k_hist"])).tolist()
+    was = before.get("drafter_steps", {})
+    d["drafter_steps"] = {name: int(n) - int(was.get(name, 0)) for name, n in after.get("drafter_steps", {}).items()}
     return d
 
 
@@ -304,6 +316,7 @@ def run_once(ep: Endpoints, reqs: Requests, *, policy: str, load: float, rate: f
                          "client_drafted": drafted, "client_accepted": accepted,
                          "mean_accepted_per_step": (d["step_accepted"] + d["decode_steps"]) / d["decode_steps"]
                          if d["decode_steps"] else None,
+                         "drafter_steps": d["drafter_steps"],
                          "busy_s": d["busy_ms"] / 1e3, "plan_version": after.get("plan_version"),
                          "time_s": {k[:-3]: round(d[k] / 1e3, 4) for k in TIME_KEYS if k in d},
                          **policy_shares(d), **pool})

@@ -95,6 +95,10 @@ def aggregate(rows: list[dict]) -> dict[tuple[float, str], dict]:
         if hists:
             width = max(h.size for h in hists)
             agg["k_hist"] = sum(np.pad(h, (0, width - h.size)) for h in hists)
+        mixes = [r["extra"]["drafter_steps"] for r in rs if r.get("extra", {}).get("drafter_steps")]
+        if mixes:
+            agg["drafter_steps"] = {name: sum(m.get(name, 0) for m in mixes) for name in dict.fromkeys(
+                name for m in mixes for name in m)}
         out[key] = agg
     return out
 
@@ -115,6 +119,14 @@ def k_distribution(hist) -> str:
     return " ".join(f"{i}:{x * 100:.0f}" for i, x in enumerate(p) if x >= 0.005)
 
 
+def drafter_mix(counts: dict[str, int] | None) -> str:
+    """Each drafter's share of the drafting request-steps, in percent ("-" when none drafted)."""
+    total = sum((counts or {}).values())
+    if total <= 0:
+        return "-"
+    return " ".join(f"{name}:{100 * n / total:.0f}" for name, n in counts.items() if n / total >= 0.005)
+
+
 def markdown_table(rows: list[dict], title: str = "", baseline: str = "none") -> str:
     """One line per load x policy (means over seeds), latency ratio to ``baseline`` at the same load."""
     agg = aggregate(rows)
@@ -125,6 +137,9 @@ def markdown_table(rows: list[dict], title: str = "", baseline: str = "none") ->
         lines += [f"### {title}", ""]
     hdr = ("| load | policy | mean lat s | vs none | p50 s | p99 s | TTFT s | TPOT ms | goodput tok/s | SLO % | "
            "accept | spec steps % | k distribution (% of request-steps) |")
+    mixes = any("drafter_steps" in a for a in agg.values())  # live runs report which drafter drafted
+    if mixes:
+        hdr += " drafters (% of drafting request-steps) |"
     lines += [hdr, "|" + "|".join(["---"] * (hdr.count("|") - 1)) + "|"]
     for load in loads:
         base = agg.get((load, baseline), {}).get("mean_latency_s")
@@ -140,6 +155,7 @@ def markdown_table(rows: list[dict], title: str = "", baseline: str = "none") ->
                 f"| {load:g} | {pol} | {_fmt(a['mean_latency_s'])} | {_fmt(ratio)} | {_fmt(a['p50_latency_s'])} | "
                 f"{_fmt(a['p99_latency_s'])} | {_fmt(a['ttft_s'])} | {_fmt(tpot)} | {_fmt(a['goodput_tok_s'])} | "
                 f"{_fmt(slo)} | {_fmt(a['acceptance_rate'])} | {_fmt(share)} | {k_distribution(a.get('k_hist', []))} |"
+                + (f" {drafter_mix(a.get('drafter_steps'))} |" if mixes else "")
             )
     return "\n".join(lines) + "\n"
 

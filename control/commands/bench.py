@@ -171,10 +171,18 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 lat = row["mean_latency_s"]
                 console.print(f"load {load:g} {pol:>10s}: mean latency {lat if lat is None else round(lat, 3)} s, "
                               f"goodput {row['goodput_tok_s']} tok/s, failed {row['extra']['failed']}"
-                              f"{_policy_note(row['extra'])}")
+                              f"{_drafter_note(row['extra'])}{_policy_note(row['extra'])}")
         finally:
             clear_overrides(ep)
     return rows, meta
+
+
+def _drafter_note(extra: dict) -> str:
+    """The run line's note on which drafters drafted (shares of the drafting request-steps)."""
+    from control.bench.report import drafter_mix
+
+    mix = drafter_mix(extra.get("drafter_steps"))
+    return "" if mix == "-" else f", drafters {mix}%"
 
 
 def _policy_note(extra: dict) -> str:

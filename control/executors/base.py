@@ -270,6 +270,7 @@ class IterationStats:
     policy_ms: float = 0.0  # decide + prune + observe
     total_ms: float = 0.0
     k: list[int] = field(default_factory=list)
+    drafter: list[int] = field(default_factory=list)  # drafter index per request, beside k (meaningful where k > 0)
     policy_error: str | None = None  # the policy raised; this step decoded without speculation
 
 

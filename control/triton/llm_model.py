@@ -87,6 +87,8 @@ class LlmModel(ResponseSender):
         self._stop = False
         self._last_k: list[int] = []
         self._k_hist = np.zeros(K_BUCKETS, dtype=np.int64)  # request-steps by k
+        self._drafter_names = tuple(self.engine.capabilities.drafters)
+        self._drafter_steps = np.zeros(len(self._drafter_names), dtype=np.int64)  # drafting request-steps by drafter
         self._watch = CancelWatch()
         prefix = step_fault_prefix()
         self._step = failing_step(self.engine.step, self.live, prefix) if prefix else self.engine.step
@@ -165,6 +167,7 @@ class LlmModel(ResponseSender):
             if st.decode_batch:
                 k = np.asarray(st.k, dtype=np.int64)
                 self._k_hist += np.bincount(np.clip(k, 0, K_BUCKETS - 1), minlength=K_BUCKETS)
+                self._count_drafters(k, st.drafter)
             self._last_k = list(st.k)
             t, tc = time.perf_counter(), time.thread_time()
             with self._reg:
@@ -173,6 +176,14 @@ class LlmModel(ResponseSender):
             c.deliver_ms += (time.perf_counter() - t) * 1e3
             c.deliver_cpu_ms += (time.thread_time() - tc) * 1e3
             self._watch.ran(out.request_id for out in outs if not out.finished)
+
+    def _count_drafters(self, k: np.ndarray, drafter: list[int]) -> None:
+        """Add the step's drafting request-steps (k > 0) to their drafters' counts."""
+        m = self._drafter_steps.size
+        if not m or len(drafter) != k.size:  # an executor that does not report its drafters
+            return
+        d = np.asarray(drafter, dtype=np.int64)[k > 0]  # (drafting,)
+        self._drafter_steps += np.bincount(d[(d >= 0) & (d < m)], minlength=m)
 
     def _reap_cancelled(self) -> None:
         """Cancel the requests whose client cancelled or went away, among those due to be asked."""
@@ -278,6 +289,7 @@ class LlmModel(ResponseSender):
             "decode_steps": t.decode_steps, "spec_steps": t.spec_steps,
             "step_verified": t.sums.verified, "step_accepted": t.sums.accepted, "generated": c.generated,
             "k_hist": self._k_hist.tolist(),
+            "drafter_steps": dict(zip(self._drafter_names, self._drafter_steps.tolist(), strict=True)),
             "policy": self.current_policy(),
             **self.hosted.describe(),
         }

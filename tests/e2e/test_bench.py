@@ -34,6 +34,10 @@ def test_bench_switches_policies_and_writes_the_bench_schema(deployment, tmp_pat
     assert rows["none"]["spec_step_share"] == 0 and details["none"]["client_drafted"] == 0
     assert rows["fixed:2"]["spec_step_share"] > 0 and details["fixed:2"]["client_drafted"] > 0
     assert max(i for i, c in enumerate(details["fixed:2"]["k_hist"]) if c) == 2  # k never above the plan's 2
+    # Which drafter drafted: every drafting request-step counted once, on one of the pair's drafters.
+    mix = details["fixed:2"]["drafter_steps"]
+    assert sum(mix.values()) == sum(details["fixed:2"]["k_hist"][1:]) > 0
+    assert sum(details["none"]["drafter_steps"].values()) == 0
     assert all(rows[p]["mean_latency_s"] > 0 and rows[p]["goodput_tok_s"] > 0 for p in rows)
     # Where the busy time went: every part measured, the step's parts within its total.
     for d in details.values():
@@ -45,6 +49,8 @@ def test_bench_switches_policies_and_writes_the_bench_schema(deployment, tmp_pat
     assert details["none"]["time_s"]["draft"] < 0.1 * details["fixed:2"]["time_s"]["draft"]
     assert doc["meta"]["capacity_req_s"] == 20
     assert doc["meta"]["warmup"].startswith("2 requests per policy")  # served, unmeasured: no rows of its own
+    busiest = max(mix, key=mix.get)
+    assert "drafters (% of drafting request-steps)" in md.read_text() and f" {busiest}:" in md.read_text()
     assert "| 1 | fixed:2 |" in md.read_text() and (tmp_path / "bench.latency.png").stat().st_size > 0
     # It cleaned up after itself: no override left behind.
     assert httpx.get(f"{deployment.control_url}/v1/overrides", timeout=5).json().get("policy") is None

@@ -444,6 +444,7 @@ class ReferenceEngine:
             stats.policy_ms += (self.clock() - tp) * 1e3
         stats.decode_batch = int(dec.size)
         stats.k = res.plan.k.tolist()
+        stats.drafter = res.plan.drafter.tolist()
         stats.drafted, stats.verified = int(res.drafts.count.sum()), int(verified.sum())
         stats.accepted = int(accepted.sum())
         stats.generated = int(sum(len(o.new_token_ids) for o in outputs))

@@ -62,6 +62,7 @@ class _Tap:
         self.name = getattr(policy, "name", type(policy).__name__)
         self.drafted, self.accepted = drafted, accepted  # (capacity,) totals, shared with the executor
         self.last_k: list[int] = []
+        self.last_drafter: list[int] = []
         if callable(getattr(policy, "prune", None)):
             self.prune = policy.prune
 
@@ -73,6 +74,7 @@ class _Tap:
         self.drafted[rid] += outcome.verified
         self.accepted[rid] += outcome.accepted
         self.last_k = np.asarray(outcome.drafted, dtype=I64).tolist()
+        self.last_drafter = np.asarray(outcome.drafter, dtype=I64).tolist()
         self.inner.observe(outcome)
 
 
@@ -248,4 +250,5 @@ class SimExecutor:
             decode_batch=rsteps // dsteps if dsteps else 0, drafted=drafted, verified=verified, accepted=accepted,
             generated=sum(len(o.new_token_ids) for o in outputs), finished=sum(o.finished for o in outputs),
             free_kv_slots=r.kv.free, total_ms=busy_s * 1e3, k=list(tap.last_k) if tap is not None and dsteps else [],
+            drafter=list(tap.last_drafter) if tap is not None and dsteps else [],
         )

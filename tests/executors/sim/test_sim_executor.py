@@ -35,11 +35,13 @@ def _policy(spec="none"):
     return build_policy(spec, compile_plan(make_profile(), max_k=MAX_K))
 
 
-def _drain(ex) -> dict[int, list]:
+def _drain(ex, stats: list | None = None) -> dict[int, list]:
     outs: dict[int, list] = {}
     while ex.has_work():
         for o in ex.step():
             outs.setdefault(o.request_id, []).append(o)
+        if stats is not None:
+            stats.append(ex.last_stats)
     return outs
 
 
@@ -53,7 +55,10 @@ def test_stepping_the_executor_is_the_engines_run(spec):
     assert isinstance(ex, Executor)
     ids = [ex.add_request(list(range(1, int(p) + 1)), SamplingParams(max_tokens=int(o))) for p, o in zip(prompt_len, out_len, strict=True)]
     assert ids == list(range(N))
-    outs = _drain(ex)
+    stats: list = []
+    outs = _drain(ex, stats)
+    assert all(len(st.drafter) == len(st.k) for st in stats)  # one drafter per request-step, beside its k
+    assert sum(sum(st.k) for st in stats) == want.drafted and {d for st in stats for d in st.drafter} <= {0}
     assert ex.now == pytest.approx(float(np.nanmax(want.finish_s)), rel=1e-12)
     last = [outs[i][-1] for i in ids]
     assert all(o.finished and o.finish_reason == FinishReason.length for o in last)
