@@ -34,9 +34,11 @@ DEFAULT_PROFILE = ROOT / "profiles" / "cpu" / "stdlib-quick.yaml"
 BAR = 1.00
 
 
-def bar_rows(record, profile, batches: list[int], policies: list[str], progress=None, seeds: int = 1) -> list[dict]:
+def bar_rows(record, profile, batches: list[int], policies: list[str], progress=None, seeds: int = 1,
+             plan_profile=None) -> list[dict]:
     """Per batch: every fixed configuration and each policy at policy seeds 0..seeds-1 (mean ratio
-    ``vs_best``, worst seed ``vs_best_min``; ``mean_k`` of seed 0)."""
+    ``vs_best``, worst seed ``vs_best_min``; ``mean_k`` of seed 0). ``plan_profile``: the policies'
+    plans come from it instead of ``profile`` (the clock); fixed configurations need no prices."""
     from control.bench.replay import fixed_configs, replay_run, tokens_per_s
 
     rows = []
@@ -50,7 +52,7 @@ def bar_rows(record, profile, batches: list[int], policies: list[str], progress=
         row = {"batch": b, "none": fixed["none"], "best_fixed": best, "best_fixed_tok_s": fixed[best], "fixed": fixed,
                "best_fixed_split": busy_split(results[best])}
         for pol in policies:
-            runs = [replay_run(record, profile, pol, b, seed=s) for s in range(seeds)]
+            runs = [replay_run(record, profile, pol, b, seed=s, plan_profile=plan_profile) for s in range(seeds)]
             tok = [tokens_per_s(r) for r in runs]
             mean_k = float((runs[0].k_hist * range(runs[0].k_hist.size)).sum() / max(runs[0].k_hist.sum(), 1))
             row[pol] = {"tok_s": sum(tok) / seeds, "vs_best": sum(tok) / seeds / fixed[best],
@@ -100,6 +102,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--record", default=str(DEFAULT_RECORD), help="replay record (.npz) from specctl record-acceptance")
     ap.add_argument("--profile", default=str(DEFAULT_PROFILE), help="measured profile of the same pair")
+    ap.add_argument("--plan-profile", help="compile the policies' plans from this profile instead (e.g. one "
+                                           "measured under load): how well the policy corrects a stale profile "
+                                           "online, on the --profile clock")
     ap.add_argument("--batches", default="1,4,16,32", help="batch sizes (default 1,4,16,32)")
     ap.add_argument("--policies", default="adaptive", help="policies compared to the best fixed (default adaptive; "
                                                             "POLICY@D1+D2 restricts its drafters)")
@@ -128,14 +133,15 @@ def main(argv=None) -> int:
     try:
         record = ReplayRecord.load(args.record)
         profile = load_profile(args.profile)
+        planned = load_profile(args.plan_profile) if args.plan_profile else None
         rows = bar_rows(record, profile, batches, policies, progress=lambda m: print(m, file=sys.stderr),
-                        seeds=args.seeds)
+                        seeds=args.seeds, plan_profile=planned)
     except SpecctlError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"record: {record.engine}, prompt set {record.prompt_set}, {record.n} requests x "
           f"{int(record.output_tokens.max())} tokens, drafters {', '.join(record.drafters)}, max_k {record.max_k}; "
-          f"profile {profile.sku}/{profile.pair}")
+          f"profile {profile.sku}/{profile.pair}" + (f"; plans from {args.plan_profile}" if args.plan_profile else ""))
     print(markdown(rows, policies, args.seeds))
     if args.breakdown:
         print("\nbusy time, best fixed and each policy's seed 0:")

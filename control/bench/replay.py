@@ -243,20 +243,25 @@ def parse_config(spec: str, drafters: tuple[str, ...]) -> tuple[str, list[str] |
 
 
 def replay_run(record: ReplayRecord, profile: Profile, spec: str, batch: int, *, seed: int = 0,
-               rows: np.ndarray | None = None, wrap: Callable | None = None) -> SimResult:
+               rows: np.ndarray | None = None, wrap: Callable | None = None,
+               plan_profile: Profile | None = None) -> SimResult:
     """Simulate configuration ``spec`` (``parse_config``) on the record at ``batch`` requests at a time
-    (``rows``: a subset of the recorded requests; ``wrap``: applied to the policy, e.g. to log its steps)."""
+    (``rows``: a subset of the recorded requests; ``wrap``: applied to the policy, e.g. to log its steps).
+    ``profile`` is the clock; ``plan_profile`` (default: the same) is what the policy's plan is
+    compiled from, e.g. a stale profile, whose mispricing the policy must then correct online."""
     from control.plan import compile_plan
     from control.policy import build_policy
 
     if batch < 1:
         raise ConfigError(f"batch {batch!r}: must be >= 1")
+    planned = plan_profile or profile
     for d in record.drafters:
         profile.drafter(d)  # names the profile's drafters if one is missing
+        planned.drafter(d)
     pol, plan_drafters = parse_config(spec, record.drafters)
     rows = np.arange(record.n) if rows is None else np.asarray(rows)
     P, O = record.prompt_tokens[rows], record.output_tokens[rows]  # noqa: E741 - prompt and output lengths
-    plan = compile_plan(profile, policy=pol, max_k=record.max_k, drafters=plan_drafters or list(record.drafters),
+    plan = compile_plan(planned, policy=pol, max_k=record.max_k, drafters=plan_drafters or list(record.drafters),
                         default_drafter=(plan_drafters or [None])[0], reason="replay")
     cost = profile.step_cost(list(record.drafters))
     entries = [profile.drafter(d) for d in record.drafters]
