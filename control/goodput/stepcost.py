@@ -205,11 +205,21 @@ def uniform_step_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):
         t = t + B * expansion_ms(cost.target, S, k)
     if not cost.drafters:
         return t
+    return t + uniform_draft_ms(cost, B, S, k, drafter)
+
+
+def uniform_draft_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):
+    """The drafting part of ``uniform_step_ms``: ``drafter``'s passes (or its constant) for ``batch``
+    identical requests of context ``ctx`` drafting ``k`` each (0 without drafters)."""
+    B = np.asarray(batch, dtype=np.float64)
+    S = np.asarray(ctx, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    if not cost.drafters:
+        return np.zeros(k.shape)
     d = cost.drafters[drafter]
     on = k > 0
     if not d.has_passes:
-        return t + np.where(on, d.const_ms, 0.0)
+        return np.where(on, d.const_ms, 0.0)
     dS = np.minimum(S, d.sink + d.window) if d.kind == DrafterKind.self_spec else S
     m = d.model
-    draft = k * (m.a * B * dS + m.b * B + m.c) + m.a * B * k * (k - 1.0) / 2.0 + np.where(on, d.const_ms, 0.0)
-    return t + draft
+    return k * (m.a * B * dS + m.b * B + m.c) + m.a * B * k * (k - 1.0) / 2.0 + np.where(on, d.const_ms, 0.0)

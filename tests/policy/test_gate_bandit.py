@@ -183,6 +183,7 @@ def test_adaptive_exploration_weighs_a_drafters_evidence_by_request_steps_not_po
 
     def p_draft(verified, accepted):
         pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
+        pol.choice.prices = None  # exact prices: the acceptance evidence alone
         pol.pos[0].update(verified, accepted)
         pol.pos[1].update(np.full(400, 1), np.arange(400) % 2)
         return _explore(pol, view, allowed)[0], pol.pos[0].totals

@@ -5,8 +5,11 @@ Exploration draws each drafter with its posterior probability of being the best 
     rate_i ~ Normal(mean_i, sd_i),  mean_i = (s_i + prior_i * PRIOR_TRIALS * c_i) / (t_i + PRIOR_TRIALS * c_i),
     sd_i = sqrt(mean_i (1 - mean_i) / (n_i + PRIOR_TRIALS + 1))     (Beta's normal approximation)
     n_i = drafting request-steps (first-position trials), c_i = t_i / n_i (trials per request-step)
-    best_i = max_k (1 - rate_i^(k+1)) / (1 - rate_i) / (T_i(n, S, k) + catch-up_i)
+    best_i = max_k (1 - rate_i^(k+1)) / (1 - rate_i) / (T_i(n, S, k) + (D_i(n, S, k) + catch-up_i) (x_i - 1))
     P(i) = share of THOMPSON_SAMPLES draws in which drafter i has the largest best_i.
+
+T_i includes the drafting part D_i and the catch-up; x_i is a draw of the draft model's price against
+the profile's (``draft_prices.py``) while the cost refit still prices it at the profile, else 1.
 
 The width counts request-steps, not the positions tried: one draft's positions are one chain (it
 stops at its first rejection, and neighbouring tokens are accepted together), so s_i / t_i is the
@@ -40,6 +43,7 @@ from control.goodput.acceptance import MAX_RATE
 from control.goodput.estimators import PositionRates
 from control.goodput.stepcost import DrafterKind, StepCostModel, uniform_step_ms
 from control.plan import typical_ctx
+from control.policy.adaptive.draft_prices import DraftPrices
 from control.policy.adaptive.probes import PROBE_TRIALS
 from control.policy.adaptive.step_plan import StepPlan
 from control.policy.adaptive.survival import is_uniform
@@ -66,7 +70,8 @@ UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
 class DrafterChoice:
     """The bandit, its Thompson exploration, one model per step and the prefill favourite."""
 
-    def __init__(self, ctx: PolicyContext, pos: list[PositionRates], steps: UniformSteps, seed: int) -> None:
+    def __init__(self, ctx: PolicyContext, pos: list[PositionRates], steps: UniformSteps, seed: int,
+                 prices: DraftPrices | None = None) -> None:
         self.ctx = ctx  # the owner replaces it on a plan update with the same drafters
         self.pos = pos
         self.steps = steps
@@ -79,6 +84,7 @@ class DrafterChoice:
             self.bandit.keep_p = EXPLORE_KEEP
             self.bandit.prior_slots = REWARD_PRIOR_STEPS
         self._rng = np.random.default_rng(seed)
+        self.prices = prices  # the draft models' measured prices against the profile's (None: exact prices)
         self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self.is_ngram = np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
@@ -87,6 +93,8 @@ class DrafterChoice:
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
         self._allowed_arr = np.ones(m, dtype=bool)
         self._b_key: StepCostModel | None = None
+        self._priced_key: StepCostModel | None = None  # ``_profile_priced``'s cache
+        self._priced_arr = np.ones(m, dtype=bool)
         self._b_arr = np.zeros(m)
         self._zero_k = np.zeros(64, dtype=I64)  # ``_zeros``' buffer
 
@@ -188,10 +196,22 @@ class DrafterChoice:
         catch = self._catch_up_ms(view, to_exec, cost)
         if catch is not None:
             inv = 1.0 / (1.0 / inv + catch[:, None])
+        mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES, self._profile_priced(cost))
+        if mult is not None:  # (S, m) price draws: the drafting part of each step, catch-up included
+            part = self.steps.draft_ms(cost, view.ctx_lens) + (0.0 if catch is None else catch[:, None])  # (m, K+1)
+            inv = 1.0 / (1.0 / inv[None] + part[None] * (mult[:, :, None] - 1.0))  # (S, m, K+1)
         best = (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)  # (S, m)
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+    def _profile_priced(self, cost: StepCostModel) -> np.ndarray:
+        """(m,) bool: the drafters ``cost`` still prices at the plan's profile (no fit of their own yet)."""
+        if self._priced_key is not cost:
+            pairs = zip(cost.drafters, self.ctx.cost.drafters, strict=True)
+            self._priced_arr = np.array([c.model is p.model for c, p in pairs], dtype=bool)
+            self._priced_key = cost
+        return self._priced_arr
 
     def _lookup_priced(self, avail: np.ndarray, tokens: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``tokens`` (S, m, K+1) and ``inv`` (m, K+1) with each n-gram drafter's column priced at

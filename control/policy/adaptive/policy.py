@@ -84,7 +84,7 @@ class AdaptivePolicy(BasePolicy):
         g = ctx.gate
         self.steps = UniformSteps(len(ctx.drafters), K)
         self.gate_stage = GateStage(Gate(g.b_off, g.b_on_ratio, g.min_dwell_steps, g.probe_every_steps), self.steps)
-        self.choice = DrafterChoice(ctx, self.acceptance.pos, self.steps, self._seed)
+        self.choice = DrafterChoice(ctx, self.acceptance.pos, self.steps, self._seed, self.refit.prices)
         self.optimiser = Optimiser(slots)
         self.held = HeldDecisions(slots, len(ctx.drafters), K, self._every)
         self._held_steps = 0  # look-up steps since the last full decision (the bandit's clock counts them)

@@ -4,7 +4,9 @@ Each model's step time is fitted by recursive least squares with forgetting (``R
 the target's verify pass on (context tokens, verified tokens, 1, n), each draft model's passes on
 (context tokens, batched tokens, passes). Every ``REFIT_EVERY`` steps the cost model is rebuilt
 from the fits that predict better than the profile, plus the loop's own time outside the passes
-(``LoopOverhead``): per step into the overhead, per request-step into the target's d.
+(``LoopOverhead``): per step into the overhead, per request-step into the target's d. A step's draft
+time goes to the one draft model that ran passes in it (n-gram lookups beside it charged at their
+profiled time), to its fit and to its price posterior (``draft_prices.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from control.goodput.cost import RecursiveCost
 from control.goodput.granularity import VerifyGranularity
 from control.goodput.overhead import LoopOverhead
 from control.goodput.stepcost import DrafterCost, StepCostModel
+from control.policy.adaptive.draft_prices import DraftPrices
 from control.policy.adaptive.survival import drafters_in
 from control.policy.types import StepOutcome
 
@@ -28,6 +31,7 @@ class CostRefit:
         self.rls_target = RecursiveCost(cost.target)
         self.expanded = cost.target.expanded  # verification by batch expansion (fit its extra sequences)
         self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in cost.drafters]
+        self.prices = DraftPrices(np.array([d.model is not None for d in cost.drafters], dtype=bool))
         self.loop = LoopOverhead()
         self._since = 0
 
@@ -50,15 +54,34 @@ class CostRefit:
             self.rls_target.update(ctx_feature + outcome.prefill_ctx_tokens,
                                    verified + outcome.prefill_tokens, outcome.verify_ms, 1.0, seqs)
         used = d_ctx[:1] if uniform and (spec[0] if one else spec.any()) else drafters_in(d_ctx[spec])
-        if outcome.draft_ms > 0 and outcome.draft_passes > 0 and used.size == 1:
-            rls = self.rls_draft[int(used[0])]
-            if rls is not None:
-                rls.update(outcome.draft_ctx_tokens, outcome.draft_batched_tokens, outcome.draft_ms, outcome.draft_passes)
+        if outcome.draft_ms > 0 and outcome.draft_passes > 0:
+            self._update_draft(outcome, used, base)
         self._since += 1
         if self._since < REFIT_EVERY:
             return None
         self._since = 0
         return self.rebuild(base, verify)
+
+    def _update_draft(self, outcome: StepOutcome, used: np.ndarray, base: StepCostModel) -> None:
+        """Feed the step's draft time to its draft model's fit when one model ran its passes; the
+        drafters without passes beside it (n-gram lookups) are charged their profiled time. With two
+        models in a step their shares of the time are unknown, and neither fit learns from it."""
+        ms = outcome.draft_ms
+        if used.size == 1:  # the usual step: one drafter
+            i = int(used[0])
+        else:
+            models = [int(j) for j in used if self.rls_draft[int(j)] is not None]
+            if len(models) != 1:
+                return
+            i = models[0]
+            ms -= sum(base.drafters[int(j)].const_ms for j in used if self.rls_draft[int(j)] is None)
+        rls = self.rls_draft[i]
+        if rls is None or ms <= 0.0:
+            return
+        ctx, batched, passes = outcome.draft_ctx_tokens, outcome.draft_batched_tokens, outcome.draft_passes
+        rls.update(ctx, batched, ms, passes)
+        d = base.drafters[i]
+        self.prices.observe(i, ms, float(d.model.predict(ctx, batched, passes)) + d.const_ms)
 
     def rebuild(self, base: StepCostModel, verify: VerifyGranularity) -> StepCostModel:
         """The cost model from each fit that improves on the profile's (``base``), plus the loop's time."""
