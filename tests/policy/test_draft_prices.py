@@ -34,11 +34,13 @@ def test_the_posterior_starts_at_the_profile_and_narrows_towards_the_measured_pr
 def test_draws_cover_only_the_models_still_at_the_profiles_price():
     p = DraftPrices(IS_MODEL)
     rng = np.random.default_rng(0)
-    x = p.draws(rng, 4096, np.array([True, False, True]))
+    p.fitted[1] = True  # the cost refit prices model 1 with a fit of its own
+    x = p.draws(rng, 4096)
     assert x.shape == (4096, 3)
     assert (x[:, 1] == 1.0).all() and (x[:, 2] == 1.0).all()  # fitted model; n-gram has no passes
     assert np.log(x[:, 0]).std() == pytest.approx(PRIOR_SD, rel=0.05) and (x[:, 0] < 1 / 1.4).mean() > 0.1
-    assert p.draws(rng, 8, np.array([False, False, True])) is None  # nothing to draw: no rng use
+    p.fitted[0] = True
+    assert p.draws(rng, 8) is None  # nothing to draw: no rng use
 
 
 def _refit():
@@ -71,3 +73,17 @@ def test_a_step_with_no_model_passes_teaches_no_price():
     out = _outcome([1, 1], draft_ms=0.2, passes=0)  # n-gram only
     refit.update(out, out.drafter, out.drafted > 0, True, cost.verify, cost)
     assert refit.prices.n.sum() == 0 and refit.rls_draft[0].n == 0
+
+
+def test_the_refit_marks_a_model_fitted_once_its_fit_beats_the_profile():
+    refit, cost = _refit()
+    model = cost.drafters[0]
+    rebuilt = refit.rebuild(cost, cost.verify)
+    assert not refit.prices.fitted.any() and rebuilt.drafters[0].model is model.model
+    for j in range(64):  # the model at half its profiled price: the fit wins
+        ctx, batched, passes = 300 + 37 * (j % 17), 6 + j % 5, 1 + j % 4
+        refit.rls_draft[0].update(ctx, batched, 0.5 * float(model.model.predict(ctx, batched, passes)), passes)
+    rebuilt = refit.rebuild(cost, cost.verify)
+    assert refit.prices.fitted.tolist() == [True, False]
+    half = 0.5 * float(model.model.predict(600, 8, 2))
+    assert float(rebuilt.drafters[0].model.predict(600, 8, 2)) == pytest.approx(half, rel=0.1)

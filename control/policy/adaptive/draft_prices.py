@@ -32,6 +32,7 @@ class DraftPrices:
         m = self.is_model.size
         self.sum_y = np.zeros(m)  # (m,) summed log errors
         self.n = np.zeros(m)  # (m,) observations
+        self.fitted = np.zeros(m, dtype=bool)  # (m,) priced by a fit of the cost refit's own, not the profile
         self._post: tuple[np.ndarray, np.ndarray] | None = None  # ``posterior``'s cache until the next observation
 
     def observe(self, i: int, measured_ms: float, predicted_ms: float) -> None:
@@ -49,10 +50,10 @@ class DraftPrices:
             self._post = np.where(self.is_model, mean, 0.0), np.where(self.is_model, np.sqrt(var), 0.0)
         return self._post
 
-    def draws(self, rng: np.random.Generator, samples: int, profile_priced: np.ndarray) -> np.ndarray | None:
-        """(samples, m) price multipliers of the drafters still at the profile's price
-        (``profile_priced`` (m,) bool), 1 elsewhere; None when no drafter is."""
-        on = profile_priced & self.is_model  # (m,)
+    def draws(self, rng: np.random.Generator, samples: int) -> np.ndarray | None:
+        """(samples, m) price multipliers of the draft models still at the profile's price, 1
+        elsewhere; None when no model is."""
+        on = self.is_model & ~self.fitted  # (m,)
         if not on.any():
             return None
         mean, sd = self.posterior()

@@ -93,8 +93,6 @@ class DrafterChoice:
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
         self._allowed_arr = np.ones(m, dtype=bool)
         self._b_key: StepCostModel | None = None
-        self._priced_key: StepCostModel | None = None  # ``_profile_priced``'s cache
-        self._priced_arr = np.ones(m, dtype=bool)
         self._b_arr = np.zeros(m)
         self._zero_k = np.zeros(64, dtype=I64)  # ``_zeros``' buffer
 
@@ -196,7 +194,7 @@ class DrafterChoice:
         catch = self._catch_up_ms(view, to_exec, cost)
         if catch is not None:
             inv = 1.0 / (1.0 / inv + catch[:, None])
-        mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES, self._profile_priced(cost))
+        mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)
         if mult is not None:  # (S, m) price draws: the drafting part of each step, catch-up included
             part = self.steps.draft_ms(cost, view.ctx_lens) + (0.0 if catch is None else catch[:, None])  # (m, K+1)
             inv = 1.0 / (1.0 / inv[None] + part[None] * (mult[:, :, None] - 1.0))  # (S, m, K+1)
@@ -204,14 +202,6 @@ class DrafterChoice:
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
-
-    def _profile_priced(self, cost: StepCostModel) -> np.ndarray:
-        """(m,) bool: the drafters ``cost`` still prices at the plan's profile (no fit of their own yet)."""
-        if self._priced_key is not cost:
-            pairs = zip(cost.drafters, self.ctx.cost.drafters, strict=True)
-            self._priced_arr = np.array([c.model is p.model for c, p in pairs], dtype=bool)
-            self._priced_key = cost
-        return self._priced_arr
 
     def _lookup_priced(self, avail: np.ndarray, tokens: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``tokens`` (S, m, K+1) and ``inv`` (m, K+1) with each n-gram drafter's column priced at

@@ -86,9 +86,10 @@ class CostRefit:
     def rebuild(self, base: StepCostModel, verify: VerifyGranularity) -> StepCostModel:
         """The cost model from each fit that improves on the profile's (``base``), plus the loop's time."""
         rd = self.rls_draft
+        fitted = self.prices.fitted
+        fitted[:] = [r is not None and r.improves_on_prior() for r in rd]
         drafters = tuple(
-            DrafterCost(d.name, d.kind, rd[i].cost if rd[i] is not None and rd[i].improves_on_prior() else d.model,
-                        d.const_ms, d.sink, d.window)
+            DrafterCost(d.name, d.kind, rd[i].cost if fitted[i] else d.model, d.const_ms, d.sink, d.window)
             for i, d in enumerate(base.drafters)
         )
         target = self.rls_target.cost if self.rls_target.improves_on_prior() else base.target
