@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from control.bench.metrics import SLOTargets, run_row
+from control.bench.metrics import SLOTargets, run_row, sum_counts
 from control.clients.triton import GenParams, Result, model_stats, stream_generate
 from control.errors import ConfigError, SpecctlError
 
@@ -91,7 +91,7 @@ def fleet_stats(ep: Endpoints) -> dict[str, Any]:
         if all(k in d for d in docs):
             out[k] = sum(d[k] for d in docs)
     out["k_hist"] = np.sum([np.asarray(d["k_hist"]) for d in docs], axis=0).tolist()
-    out["drafter_steps"] = _sum_counts(d.get("drafter_steps", {}) for d in docs)
+    out["drafter_steps"] = sum_counts(d.get("drafter_steps", {}) for d in docs)
     out["plan_version"] = min(d.get("plan_version", 0) for d in docs)
     return out
 
@@ -264,15 +264,6 @@ async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeou
 # time (waits for the GIL included), policy_worker_cpu_ms its thread's CPU time.
 TIME_KEYS = ("policy_ms", "prefill_ms", "draft_ms", "verify_ms", "deliver_ms", "policy_wait_ms", "policy_worker_ms",
              "policy_worker_cpu_ms")
-
-
-def _sum_counts(docs) -> dict[str, int]:
-    """Name -> count maps added up (replicas of one fleet)."""
-    out: dict[str, int] = {}
-    for doc in docs:
-        for name, n in doc.items():
-            out[name] = out.get(name, 0) + int(n)
-    return out
 
 
 def _delta(after: dict, before: dict) -> dict[str, Any]:

@@ -79,3 +79,12 @@ def run_row(policy: str, load: float, seed: int, arrival, first, finish, output_
 def _f(x) -> float | None:
     x = float(x)
     return round(x, 6) if np.isfinite(x) else None
+
+
+def sum_counts(docs) -> dict[str, int]:
+    """Name -> count maps added up (replicas of one fleet, repeats of one run), names in first-seen order."""
+    out: dict[str, int] = {}
+    for doc in docs:
+        for name, n in doc.items():
+            out[name] = out.get(name, 0) + int(n)
+    return out

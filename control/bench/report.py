@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from control.bench.metrics import ROW_KEYS
+from control.bench.metrics import ROW_KEYS, sum_counts
 from control.errors import ConfigError
 
 BENCH_SCHEMA = "specctl.bench/v1"
@@ -97,8 +97,7 @@ def aggregate(rows: list[dict]) -> dict[tuple[float, str], dict]:
             agg["k_hist"] = sum(np.pad(h, (0, width - h.size)) for h in hists)
         mixes = [r["extra"]["drafter_steps"] for r in rs if r.get("extra", {}).get("drafter_steps")]
         if mixes:
-            agg["drafter_steps"] = {name: sum(m.get(name, 0) for m in mixes) for name in dict.fromkeys(
-                name for m in mixes for name in m)}
+            agg["drafter_steps"] = sum_counts(mixes)
         out[key] = agg
     return out
 

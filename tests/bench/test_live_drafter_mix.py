@@ -1,6 +1,7 @@
 """The live bench's drafter mix: which drafters drafted in a run, diffed from the server's counts."""
 
-from control.bench.live import _delta, _sum_counts
+from control.bench.live import _delta
+from control.bench.metrics import sum_counts
 from control.bench.report import aggregate, drafter_mix, markdown_table
 from control.commands.bench import _drafter_note
 from tests.bench.test_live_policy_shares import _stats
@@ -22,7 +23,7 @@ def test_a_run_counts_only_its_own_drafting_steps_per_drafter():
 
 
 def test_replicas_add_up_by_name():
-    assert _sum_counts([{"draft": 3, "ngram": 1}, {"draft": 2, "small": 4}]) == {"draft": 5, "ngram": 1, "small": 4}
+    assert sum_counts([{"draft": 3, "ngram": 1}, {"draft": 2, "small": 4}]) == {"draft": 5, "ngram": 1, "small": 4}
 
 
 def test_the_mix_is_shares_of_drafting_steps_and_dashes_without_any():
