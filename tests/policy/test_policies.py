@@ -163,29 +163,45 @@ def test_adaptive_keeps_lagging_requests_plain_beyond_the_catchup_limit():
     assert d.k[1] == 0 and d.k[0] > 0
 
 
-def test_adaptive_gate_switches_off_above_threshold_and_never_prefills_draft_state():
+def test_adaptive_gate_switches_off_above_threshold_and_prefills_no_draft_state_while_off():
     plan = compile_plan(make_profile(), max_k=8, gate=GateParams(b_off=32, min_dwell_steps=0, probe_every_steps=10**6))
     pol = build_policy("adaptive", plan)
     rng = np.random.default_rng(4)
     d = pol.decide(_view(rng, 64, step=1))
     assert d.k.max() == 0 and not d.prefill_draft
     d = pol.decide(_view(rng, 40, step=2))  # between b_on (24) and b_off: stays off
-    assert d.k.max() == 0
+    assert d.k.max() == 0 and not d.prefill_draft
     d = pol.decide(_view(rng, 8, step=3))
-    assert d.k.max() > 0 and not d.prefill_draft  # on again; draft state still built by catch-up
+    assert d.k.max() > 0  # on again
 
 
 def test_draft_state_is_prefilled_only_by_a_policy_that_drafts_with_a_model_and_prices_no_catch_up():
     """A fixed k on a draft model prefills its state; on n-gram there is none to build (prefilling
-    the draft model it never runs was pure cost); adaptive builds it by catch-up, which it prices."""
+    the draft model it never runs was pure cost); adaptive with one drafter builds it by catch-up,
+    which it prices."""
     plan = compile_plan(make_profile(), max_k=8)
     view = _view(np.random.default_rng(0), 4, step=1)
     assert build_policy("fixed:3", plan).decide(view).prefill_draft
     on_ngram = compile_plan(make_profile(), max_k=8, default_drafter="ngram")
     assert not build_policy("fixed:3", on_ngram).decide(view).prefill_draft
     assert not build_policy("none", plan).decide(view).prefill_draft
-    d = build_policy("adaptive", plan).decide(view)
+    one = compile_plan(make_profile(), max_k=8, drafters=["draft"])
+    d = build_policy("adaptive", one).decide(_view(np.random.default_rng(0), 4, step=1, drafters=("draft",)))
     assert d.k.max() > 0 and not d.prefill_draft
+
+
+def test_adaptive_among_drafters_prefills_the_draft_model_only_while_it_is_the_likeliest_best():
+    """Beside n-gram, new requests prefill the draft model's state while the profile (before any step)
+    or the exploration's draws make it the likeliest best drafter; where n-gram is (a draft model
+    slower per token than the target, as on the quick CPU pair) they do not."""
+    view = _view(np.random.default_rng(0), 4, step=1)
+    model_best = build_policy("adaptive", compile_plan(make_profile(), max_k=8))
+    d = model_best.decide(view)
+    assert d.prefill_draft and d.prefill_drafter == DRAFTERS.index("draft")
+    slow_draft = make_profile(draft=(2.5e-5, 0.08, 6.0), acceptance={"draft": 0.7, "ngram": 0.7})
+    ngram_best = build_policy("adaptive", compile_plan(slow_draft, max_k=8))
+    assert not ngram_best.decide(view).prefill_draft
+    assert not ngram_best.wants_draft_prefill(view)
 
 
 def test_specserve_prunes_unlikely_tails():
@@ -257,3 +273,28 @@ def test_adaptive_drafts_longer_once_it_sees_the_loop_cost_every_step_carries(pl
     assert base_pol.cost.target.d == plan.profile.models["target"].d_ms_per_request
     assert pol.cost.target.d + pol.cost.overhead_ms > base_pol.cost.target.d + 2.0
     assert (d.k >= base.k).all() and d.k.sum() > base.k.sum()
+
+
+def test_adaptive_stops_prefilling_once_the_batch_drafts_mostly_on_n_gram():
+    """Exploiting, new requests prefill the draft model only while at least half of the batch drafts
+    on it: once the matching puts most requests on n-gram, a prefill would mostly go unused."""
+    from control.goodput.optimizer import Choice
+    from control.policy.adaptive.step_plan import StepPlan
+
+    pol = build_policy("adaptive", compile_plan(make_profile(), max_k=8))
+    view = _view(np.random.default_rng(0), 6, step=1)
+    pol.decide(view)
+    pol.choice.bandit.exploring = False
+
+    def ran(d_ctx, k):
+        sp = StepPlan(view, k, d_ctx=d_ctx, uniform=bool((d_ctx == d_ctx[0]).all()))
+        sp.choice = Choice(k, 0.0, 1.0, 1.0)
+        pol.choice.note_favourite(sp)
+        return pol.wants_draft_prefill(view)
+
+    draft, ngram = DRAFTERS.index("draft"), DRAFTERS.index("ngram")
+    assert ran(np.array([draft] * 4 + [ngram] * 2), np.full(6, 3))
+    assert not ran(np.array([draft] * 2 + [ngram] * 4), np.full(6, 3))
+    assert not ran(np.array([draft] * 4 + [ngram] * 2), np.array([3, 0, 0, 0, 3, 3]))  # only k > 0 counts
+    assert ran(np.full(6, draft), np.full(6, 2))
+    assert not ran(np.full(6, draft), np.zeros(6, dtype=np.int64))  # nobody drafts: no prefill

@@ -18,8 +18,13 @@ chain rate but t_i overstates the evidence by the draft length.
 Requests the bandit puts on different draft models in one step all move to one of them (each model
 in a step pays its own k passes): the most used one, or while exploring the one likeliest best, the
 favourite on a near tie, except that from the second epoch a model still unmeasured (fewer than
-``PROBE_TRIALS`` first-position trials) keeps the requests drawn for it; new requests prefill the
-model that drafted most last step.
+``PROBE_TRIALS`` first-position trials) keeps the requests drawn for it. The favourite is the model
+that drafted most last step (at first the profile's best model); new requests prefill its state while
+it is likeliest best (P >= ``PREFILL_SHARE`` while exploring; at first, while the profile's best drafter
+is a model), or while exploiting, while at least that share of the batch drafts on a model. Otherwise a
+request builds its draft state by catch-up in its first draft pass, which every draft model then
+charges it alike: exploring the favourite on new requests it would have prefilled cost their whole
+prompt, which n-gram is spared, and a batch once on n-gram stayed there (docs/decisions.md, 2026-11-27).
 Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share), over a plain
 step's tokens per ms; a request on n-gram whose lookup found nothing earns a plain step's reward.
 The matching weighs a request's mean reward on a drafter against the drafter's pooled mean as
@@ -65,6 +70,9 @@ REWARD_PRIOR_STEPS = 8.0  # steps' rewards the drafter's pooled mean is worth in
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
 MIN_STEPS = 1e-9  # floor of the request-step count dividing a drafter's trials
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
+PREFILL_SHARE = 0.5  # new requests prefill the favourite draft model's state while it is at least this likely
+# the best drafter (exploring), or at least this share of the batch drafts on a draft model (exploiting):
+# below it most prefills would be spent on requests that never use the state
 
 
 class DrafterChoice:
@@ -88,7 +96,11 @@ class DrafterChoice:
         self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self.is_ngram = np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
-        self.fav = self._profile_favourite(ctx) if self._consolidate else -1
+        self.fav, self.prefills = -1, False  # ``prefills``: new requests prefill ``fav``'s state (module doc)
+        if self._consolidate or self._prefilling():
+            value = self._profile_values(ctx)  # (m,)
+            self.fav = int(np.argmax(np.where(self.is_model, value, -np.inf)))
+            self.prefills = self._prefilling() and bool(self.is_model[int(np.argmax(value))])
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
         self._allowed_arr = np.ones(m, dtype=bool)
@@ -263,32 +275,46 @@ class DrafterChoice:
         return self.is_model & np.array([p.trials[0] < PROBE_TRIALS for p in self.pos])
 
     def note_favourite(self, sp: StepPlan) -> None:
-        """Remember the draft model that drafted for most requests this step: new requests prefill
-        its state (docs/decisions.md, 2026-11-22)."""
+        """Remember the draft model that drafted for most requests this step (new requests prefill
+        its state; docs/decisions.md, 2026-11-22), and whether enough of the batch is expected to
+        draft on a draft model for new requests to prefill it at all (``PREFILL_SHARE``)."""
         d_ctx, k = sp.d_ctx, sp.choice.k
+        b = self.bandit
         if sp.uniform:  # the most used is the only one: no counts
             i = int(d_ctx[0])
-            if i >= 0 and self.is_model[i] and k.max(initial=0) > 0:
+            on_model = i >= 0 and self.is_model[i]
+            if on_model and k.max(initial=0) > 0:
                 self.fav = i
-            return
-        ran = d_ctx[(k > 0) & (d_ctx >= 0)]
-        if ran.size:
-            used = np.bincount(ran, minlength=self.is_model.size) * self.is_model  # (m,)
+            modelled = float(np.count_nonzero(k)) if on_model else 0.0
+        else:
+            drafting = (k > 0) & (d_ctx >= 0)  # (n,) bool
+            used = np.bincount(d_ctx[drafting], minlength=self.is_model.size) * self.is_model  # (m,)
             if used.any():
                 self.fav = int(np.argmax(used))
+            modelled = float(used.sum())
+        if not self._prefilling():
+            return
+        if b.exploring and b.explore_p is not None:
+            self.prefills = bool(self.fav >= 0 and b.explore_p[self.fav] >= PREFILL_SHARE)
+        else:
+            self.prefills = modelled >= PREFILL_SHARE * max(sp.n, 1)
 
-    def _profile_favourite(self, ctx: PolicyContext) -> int:
-        """The draft model the profile predicts best at half the batch limit and a typical context."""
+    def _prefilling(self) -> bool:
+        """Whether this choice may have new requests prefill a draft model (module doc): a bandit
+        among drafters with no capacities, at least one of them a draft model."""
+        return bool(self.bandit is not None and self.is_model.any() and not self.ctx.bandit.capacities)
+
+    def _profile_values(self, ctx: PolicyContext) -> np.ndarray:
+        """(m,) each drafter's goodput by the profile at its prior rate, half the batch limit and a
+        typical context (tokens per ms of its best uniform k)."""
         plan = ctx.plan
         n, S = max(1, plan.profile.limits.max_batch // 2), float(typical_ctx(plan.profile))
         kk = np.arange(max(ctx.max_k, 1) + 1, dtype=np.float64)  # (K+1,)
-        best, fav = -1.0, -1
-        for i in np.flatnonzero(self.is_model):
+        out = np.empty(len(ctx.drafters))
+        for i in range(out.size):
             r = min(float(ctx.prior_rate[i]), MAX_RATE)
-            g = float(np.max((1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(ctx.cost, n, S, kk, drafter=int(i))))
-            if g > best:
-                best, fav = g, int(i)
-        return fav
+            out[i] = float(np.max((1.0 - r ** (kk + 1.0)) / (1.0 - r) / uniform_step_ms(ctx.cost, n, S, kk, drafter=i)))
+        return out
 
     def rewarded(self, outcome: StepOutcome, d_ctx: np.ndarray, spec: np.ndarray | None) -> np.ndarray | None:
         """(n,) bool: the requests whose outcome teaches the bandit (None: none do). Those that drafted

@@ -226,14 +226,16 @@ class AdaptivePolicy(BasePolicy):
             k, d_exec, cut = self.held.lookup(view.slots, cap)
             k = self.optimiser.held_lookup(view, k, d_exec, cap)  # n-gram: what its lookup proposes now
             self._held_steps += 1
-            return Decision(k, d_exec, conf_cut=cut, prefill_draft=False, prefill_drafter=self.prefill_drafter())
+            return Decision(k, d_exec, conf_cut=cut, prefill_draft=self.wants_draft_prefill(view),
+                            prefill_drafter=self.prefill_drafter())
         self.flush()
         sp = self._full_decision(view, cap)
         self.held.hold(sp, self.acceptance, self._to_exec, self.ctx.default, self.choice.newcomer(),
                        self._steps_ms / self._steps_n if self._steps_n else math.nan, on_loop=self.wants_fresh())
         self._steps_ms, self._steps_n = 0.0, 0
         c = sp.choice
-        return Decision(c.k, sp.d_exec, conf_cut=sp.conf_cut, prefill_draft=False, prefill_drafter=self.prefill_drafter(),
+        return Decision(c.k, sp.d_exec, conf_cut=sp.conf_cut, prefill_draft=self.wants_draft_prefill(view),
+                        prefill_drafter=self.prefill_drafter(),
                         predicted_step_ms=c.step_ms, predicted_tokens=c.tokens)
 
     def _full_decision(self, view: StepView, cap: np.ndarray) -> StepPlan:
@@ -289,10 +291,13 @@ class AdaptivePolicy(BasePolicy):
         return int(self._to_exec[fav])
 
     def wants_draft_prefill(self, view: StepView) -> bool:
-        """Never: a request's draft state is built by catch-up in the first draft pass that runs for
-        it, which the optimiser prices; a separate prefill pass costs a whole pass per prefill step
-        and is wasted on requests that never draft (past the crossover, or on n-gram)."""
-        return False
+        """With one drafter, never: a request's draft state is built by catch-up in the first draft
+        pass that runs for it, which the optimiser prices; a separate prefill pass costs a whole pass
+        per prefill step and is wasted on requests that never draft (past the crossover). Among
+        several drafters, while most of the batch is expected to draft on a draft model
+        (``DrafterChoice.prefills``): new requests then prefill the favourite's state, so exploring
+        it charges them no catch-up of their prompt that another drafter is spared."""
+        return self.choice.prefills and not self.ctx.force_off and self.ctx.max_k > 0
 
     # -- observe ---------------------------------------------------------------------------------
     def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray, uniform: bool, asked: np.ndarray) -> np.ndarray:
