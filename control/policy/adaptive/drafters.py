@@ -22,9 +22,8 @@ favourite on a near tie, except that from the second epoch a model still unmeasu
 that drafted most last step (at first the profile's best model); new requests prefill its state while
 it is likeliest best (P >= ``PREFILL_SHARE`` while exploring; at first, while the profile's best drafter
 is a model), or while exploiting, while at least that share of the batch drafts on a model. Otherwise a
-request builds its draft state by catch-up in its first draft pass, which every draft model then
-charges it alike: exploring the favourite on new requests it would have prefilled cost their whole
-prompt, which n-gram is spared, and a batch once on n-gram stayed there (docs/decisions.md, 2026-11-27).
+request builds its draft state by catch-up in its first draft pass, a price exploration charges the draft
+models and not n-gram (docs/decisions.md, 2026-11-27).
 Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share), over a plain
 step's tokens per ms; a request on n-gram whose lookup found nothing earns a plain step's reward.
 The matching weighs a request's mean reward on a drafter against the drafter's pooled mean as
