@@ -95,11 +95,14 @@ class DrafterChoice:
         self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self.is_ngram = np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
-        self.fav, self.prefills = -1, False  # ``prefills``: new requests prefill ``fav``'s state (module doc)
-        if self._consolidate or self._prefilling():
+        # new requests may prefill a draft model's state: a bandit among drafters with no capacities, at
+        # least one of them a draft model (module doc); ``prefills``: they do now, the state of ``fav``
+        self._may_prefill = bool(self.bandit is not None and self.is_model.any() and not b.capacities)
+        self.fav, self.prefills = -1, False
+        if self._consolidate or self._may_prefill:
             value = self._profile_values(ctx)  # (m,)
             self.fav = int(np.argmax(np.where(self.is_model, value, -np.inf)))
-            self.prefills = self._prefilling() and bool(self.is_model[int(np.argmax(value))])
+            self.prefills = self._may_prefill and bool(self.is_model[int(np.argmax(value))])
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
         self._allowed_arr = np.ones(m, dtype=bool)
@@ -291,17 +294,12 @@ class DrafterChoice:
             if used.any():
                 self.fav = int(np.argmax(used))
             modelled = float(used.sum())
-        if not self._prefilling():
+        if not self._may_prefill:
             return
         if b.exploring and b.explore_p is not None:
             self.prefills = bool(self.fav >= 0 and b.explore_p[self.fav] >= PREFILL_SHARE)
         else:
             self.prefills = modelled >= PREFILL_SHARE * max(sp.n, 1)
-
-    def _prefilling(self) -> bool:
-        """Whether this choice may have new requests prefill a draft model (module doc): a bandit
-        among drafters with no capacities, at least one of them a draft model."""
-        return bool(self.bandit is not None and self.is_model.any() and not self.ctx.bandit.capacities)
 
     def _profile_values(self, ctx: PolicyContext) -> np.ndarray:
         """(m,) each drafter's goodput by the profile at its prior rate, half the batch limit and a
