@@ -12,7 +12,7 @@ from control.policy import StepOutcome, StepView
 from control.policy.adaptive.cuts import confidence_cuts
 from control.policy.adaptive.drafters import DrafterChoice
 from control.policy.adaptive.gate_stage import GateStage
-from control.policy.adaptive.optimise import Optimiser, amortised_lag, prefix_sums, residence_weights
+from control.policy.adaptive.optimise import PACE_SMOOTHING, Optimiser, amortised_lag, prefix_sums, residence_weights
 from control.policy.adaptive.probes import PROBE_TRIALS, probe_unmeasured
 from control.policy.adaptive.refit import REFIT_EVERY, CostRefit
 from control.policy.adaptive.step_plan import StepPlan
@@ -85,7 +85,31 @@ def test_optimiser_stage_drafts_longer_for_the_request_that_accepts_more_and_tra
     assert k[0] > k[1] >= 0
     np.testing.assert_allclose(sp.accepted, [sp.surv[0, : k[0]].sum(), sp.surv[1, : k[1]].sum()])
     opt.note_pace(sp)
-    np.testing.assert_allclose(opt.pace[:2], 1.0 + sp.accepted)  # first decision: pace is this step's
+    now = 1.0 + sp.accepted  # (2,) this step's tokens per step
+    # first decision of the batch: each pace starts from this step's mean (the prior its weight took)
+    np.testing.assert_allclose(opt.pace[:2], PACE_SMOOTHING * now.mean() + (1.0 - PACE_SMOOTHING) * now)
+    assert opt.pace[0] > opt.pace[1]
+
+
+def test_a_new_request_that_defers_its_first_draft_starts_from_the_batch_pace():
+    """A request joining a batch whose paces are known, given k = 0 at its first decision (on one
+    drafter, deferring its catch-up): its pace starts from the batch's mean, the prior its weight took,
+    so its weight moves halfway to that of a request at one token per step. From a pace of 1 its
+    token became worth about 4x the others' at the next step, the rest of the batch fell to k = 1
+    and the request to k = 8 (full CPU pair, batch 32)."""
+    ctx = _ctx()
+    opt = Optimiser(8)
+    opt.pace[:3] = 5.0  # three requests drafting at about 4 accepted tokens a step
+    view = _view(4, ctx=np.full(4, 200))
+    sp = StepPlan(view, np.full(4, K), d_ctx=np.zeros(4, dtype=np.int64), lag=np.zeros(4, dtype=np.int64))
+    sp.pace = opt.pace[view.slots]
+    sp.known = np.isfinite(sp.pace)
+    sp.accepted = np.array([4.0, 4.0, 4.0, 0.0])  # the newcomer (slot 3) plain this step
+    opt.note_pace(sp)
+    assert opt.pace[3] == pytest.approx(PACE_SMOOTHING * 5.0 + (1.0 - PACE_SMOOTHING) * 1.0)
+    np.testing.assert_allclose(opt.pace[:3], 5.0 * PACE_SMOOTHING + 5.0 * (1.0 - PACE_SMOOTHING))
+    w = residence_weights(view, ctx.cost, opt.pace[view.slots], True)  # (4,)
+    assert w[3] / w[0] < 2.0  # 5.0 from a pace of 1
 
 
 def test_optimiser_helpers_weights_lag_and_prefix_sums():

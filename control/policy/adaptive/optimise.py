@@ -11,7 +11,11 @@ w_r values request r's token by the step time it saves: an accepted token shorte
 
 with pace_r the request's tokens per step at the k it was given, smoothed over its steps:
 
-    pace_r <- PACE_SMOOTHING * pace_r + (1 - PACE_SMOOTHING) * (1 + P_r(k_r)).
+    pace_r <- PACE_SMOOTHING * pace_r + (1 - PACE_SMOOTHING) * (1 + P_r(k_r)),
+
+starting, for a request not decided on before, from the batch's mean pace (the known requests', else
+this step's): the prior its weight took. A first step at k = 0 (a new request deferring its catch-up)
+then halves its weight's distance to the mean instead of tripling its weight.
 
 A lagging draft's catch-up is charged to this step as lag / (remaining / (1 + P_r(cap_r))): the
 re-prefill serves every later step of the request.
@@ -140,8 +144,9 @@ class Optimiser:
             self.pace[int(slots[0])] = (PACE_SMOOTHING * old1 + (1.0 - PACE_SMOOTHING) * now1 if known[0] else now1)
             return
         now = 1.0 + accepted  # (n,)
-        smoothed = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now  # (n,)
-        self.pace[slots] = smoothed if known is True else np.where(known, smoothed, now)
+        if known is not True:  # a new request's pace starts from the prior its weight took (module doc)
+            old = np.where(known, old, old[known].mean() if known.any() else now.mean())
+        self.pace[slots] = PACE_SMOOTHING * old + (1.0 - PACE_SMOOTHING) * now
 
     def rows(self, n: int) -> np.ndarray:
         """np.arange(n), from a cached range grown as needed (row indices for per-request gathers)."""
