@@ -26,7 +26,7 @@ learns step t's outcome, as under an overlap scheduler); ``+overlap`` runs it on
 worker thread (``EngineConfig.overlap_policy``), as ``specctl serve`` does on long passes.
 
     python benchmarks/continuous_batching.py --engine-dir engines/cpu --batch 16 [--requests 64]
-        [--policies fixed:2,fixed:3,adaptive,adaptive-1d] [--repeats 2] [--threads 1]
+        [--policies fixed:2,fixed:3,adaptive,adaptive-1d] [--repeats 2] [--threads 1] [--device cuda]
 """
 
 from __future__ import annotations
@@ -64,13 +64,15 @@ def main(argv=None) -> int:
                          "and the model clock then repeat exactly, whatever else the machine runs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu",
+                    help="cpu or cuda[:N] (default cpu); on CUDA the models run in bf16")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.requests < 1 or args.repeats < 1 or args.max_tokens < 1:
         ap.error("--batch, --requests, --repeats and --max-tokens must be >= 1")
 
     import torch
 
-    from control.errors import ConfigError
+    from control.errors import SpecctlError
     from control.executors.base import SamplingParams
     from control.executors.reference.calibrate import find_profile, quick_profile
     from control.executors.reference.engine import EngineConfig, ReferenceEngine
@@ -79,12 +81,13 @@ def main(argv=None) -> int:
     from control.policy import build_policy
     from control.policy.base import PolicyContext
     from control.profile import load_profile
+    from control.profiler.models import resolve_device
 
     torch.set_num_threads(args.threads)
     try:
-        loaded = load_engine_dir(args.engine_dir)
+        loaded = load_engine_dir(args.engine_dir, device=str(resolve_device(args.device)))
         profile = load_profile(args.profile) if args.profile else (find_profile(loaded) or quick_profile(loaded))
-    except ConfigError as e:  # a missing engine directory or a bad profile: one line, not a traceback
+    except SpecctlError as e:  # a missing engine directory, a bad profile or device: one line, not a traceback
         raise SystemExit(f"continuous_batching: {e}") from None
     drafter = next(n for n, m in loaded.drafters.items() if hasattr(m, "config"))
     active = [n for n in loaded.drafters if n in profile.drafter_names]

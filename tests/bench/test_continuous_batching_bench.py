@@ -46,6 +46,11 @@ def test_missing_engine_dir_and_profile_are_one_line_errors(tiny_engine_dir, tmp
     assert r.returncode != 0 and "none.yaml" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_device_is_a_one_line_error_naming_it(tiny_engine_dir, tmp_path):
+    r = _run(tiny_engine_dir, "--device", "tpu", "--requests", "2", "--repeats", "1", cwd=tmp_path)
+    assert r.returncode != 0 and "'tpu'" in r.stderr and "cuda" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_adaptive_runs_on_corpus_prompts_with_model_times(tiny_engine_dir, tmp_path):
     """--prompts corpus (the bench's held-out files) and --model-times run, and repeat exactly."""
     r = _run(tiny_engine_dir, "--batch", "3", "--requests", "8", "--max-tokens", "12", "--prompt-len", "16",
