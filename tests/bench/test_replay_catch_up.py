@@ -1,6 +1,6 @@
 """One drafter building each new request's draft state by catch-up, on the full CPU pair's exact
 replay at batch 32: the new requests' first decisions must not swing the batch's draft lengths
-(docs/decisions.md, 2026-11-28)."""
+(docs/decisions.md, 2026-11-27, stop 38)."""
 
 from __future__ import annotations
 

@@ -231,7 +231,7 @@ def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_little_
     mean, 1% on at most two seeds, 3% on none, and the loser gets under 2% of the trials on most seeds
     and most of them on at most one. (Seeds under 2% at periods 1 / auto / 2 were 16 / 20 / 18, and 15 /
     18 / 15 once a new request's pace started from the batch's, busy time unchanged: the count moves by
-    a seed or two with any change of path; docs/decisions.md, 2026-11-28.)
+    a seed or two with any change of path; docs/decisions.md, 2026-11-27, stop 38.)
 
     While rewards were tokens per ms, which grow with the batch, the loser, explored at larger batches,
     looked better, and seeds 6 and 11 drifted to it at every period (76% and 98% of the trials, 1.5-2%
