@@ -14,8 +14,7 @@ with pace_r the request's tokens per step at the k it was given, smoothed over i
     pace_r <- PACE_SMOOTHING * pace_r + (1 - PACE_SMOOTHING) * (1 + P_r(k_r)),
 
 starting, for a request not decided on before, from the batch's mean pace (the known requests', else
-this step's): the prior its weight took. A first step at k = 0 (a new request deferring its catch-up)
-then halves its weight's distance to the mean instead of tripling its weight.
+this step's), the prior its weight took (docs/decisions.md, 2026-11-27, stop 38).
 
 A lagging draft's catch-up is charged to this step as lag / (remaining / (1 + P_r(cap_r))): the
 re-prefill serves every later step of the request.
