@@ -57,13 +57,15 @@ STAGES = (
     ("tried", "_tried"), ("posteriors", "acceptance.learn_request"), ("estimators", "acceptance.learn_pooled"),
     ("refit", "_refit"),
     # the multi-drafter path (the drafter bandit): inside "decide other" / "observe other" otherwise
-    ("assign", "choice.assign"), ("thompson", "choice.explore_probs"), ("rewards", "choice.rewards"),
-    ("bandit update", "bandit.update"),
+    ("assign", "choice.assign"), ("thompson", "choice.explore_probs"), ("exploit", "choice.exploit_best"),
+    # SPIN's matching on measured rewards: only with drafter capacities
+    ("rewards", "choice.rewards"), ("bandit update", "bandit.update"),
     # the fast path between full decisions (control/policy/adaptive/held.py)
     ("lookup", "held.lookup"),
 )
-BANDIT_STAGES = ("assign", "thompson", "rewards", "bandit update")  # only with several drafters
-NESTED_STAGES = ("thompson",)  # inside another stage ("assign"): not subtracted again for "other"
+BANDIT_STAGES = ("assign", "thompson", "exploit")  # only with several drafters
+MATCHING_STAGES = ("rewards", "bandit update")  # only with several drafters that have capacities
+NESTED_STAGES = ("thompson", "exploit")  # inside another stage ("assign"): not subtracted again for "other"
 
 
 class StageTimer:

@@ -23,6 +23,8 @@ chunks of steps: SPIN assumes no prior, and uniform exploration of a dominated d
 than it can teach (docs/decisions.md, 2026-11-22). It also sets ``prior_slots``: a request's own
 mean reward on a drafter, from a few noisy steps, is shrunk to the drafter's pooled mean, so the
 matching does not keep on a worse drafter the requests whose first rewards there were luckiest.
+While exploiting, the owner may instead name one drafter for the whole batch (``assign``'s ``whole``):
+the adaptive policy does unless drafters have capacities (``control/policy/adaptive/drafters.py``).
 """
 
 from __future__ import annotations
@@ -201,10 +203,12 @@ class DrafterBandit:
         return self.alpha if self.exploring else min(2**self.epoch, self.max_exploit)
 
     def assign(self, slots: np.ndarray, switch_cost: np.ndarray | None = None,
-               allowed: np.ndarray | None = None) -> np.ndarray:
+               allowed: np.ndarray | None = None, whole: int = -1) -> np.ndarray:
         """Drafter per request from this step on (the clock counts it; ``advance`` counts the steps it
         stays in force beyond it). ``switch_cost``: (n, m) cost of moving to each;
-        ``allowed``: (m,) bool, the drafters the executor runs now (default: all)."""
+        ``allowed``: (m,) bool, the drafters the executor runs now (default: all); ``whole`` >= 0:
+        while exploiting, every request on that drafter instead of the matching (the owner's choice
+        for the batch)."""
         slots = np.asarray(slots, dtype=I64)
         if slots.size == 0:
             return np.zeros(0, dtype=I64)
@@ -216,7 +220,9 @@ class DrafterBandit:
         boundary = self.boundary_next()
         self._last_chunk = self._chunk()
         cur = self.assigned[slots]
-        if boundary:
+        if whole >= 0 and not self.exploring:
+            new = cur if (cur == whole).all() else np.full(slots.size, whole, dtype=I64)
+        elif boundary:
             new = self._random(slots.size) if self.exploring else self._matching(slots, switch_cost)
         else:
             new = self._keep(slots, cur)

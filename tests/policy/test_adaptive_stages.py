@@ -12,7 +12,13 @@ from control.policy import StepOutcome, StepView
 from control.policy.adaptive.cuts import confidence_cuts
 from control.policy.adaptive.drafters import DrafterChoice
 from control.policy.adaptive.gate_stage import GateStage
-from control.policy.adaptive.optimise import PACE_SMOOTHING, Optimiser, amortised_lag, prefix_sums, residence_weights
+from control.policy.adaptive.optimise import (
+    PACE_SMOOTHING,
+    Optimiser,
+    amortised_lag,
+    prefix_sums,
+    residence_weights,
+)
 from control.policy.adaptive.probes import PROBE_TRIALS, probe_unmeasured
 from control.policy.adaptive.refit import REFIT_EVERY, CostRefit
 from control.policy.adaptive.step_plan import StepPlan

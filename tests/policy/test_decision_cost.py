@@ -71,7 +71,9 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     would silently time nothing)."""
     import json
 
-    from benchmarks.decision_cost import BANDIT_STAGES, STAGES, main
+    from benchmarks.decision_cost import BANDIT_STAGES, MATCHING_STAGES, STAGES, StageTimer, bench, main
+    from control.plan import compile_plan
+    from control.profile import load_profile
 
     out = tmp_path / "dc.json"
     assert main(["--batches", "4", "--policies", "adaptive", "--steps", "40", "--stages", "--json", str(out)]) == 0
@@ -80,15 +82,20 @@ def test_the_decision_cost_benchmark_times_every_stage(tmp_path):
     assert row["share_pct"] > 0 and row["modelled_step_ms"] > 0
     (stages,) = doc["stages"]
     for name, _ in STAGES:
-        if name not in BANDIT_STAGES:  # one drafter on this profile: no bandit
+        if name not in BANDIT_STAGES + MATCHING_STAGES:  # one drafter on this profile: no bandit
             assert stages[name] > 0, name
-    # the CPU pair's three drafters take the bandit's path (40 steps: mostly its first exploration stage)
+    # the CPU pair's three drafters take the bandit's path (40 steps: mostly its first exploration stage;
+    # the matching's stages run only with drafter capacities)
     cpu = Path(__file__).resolve().parents[2] / "profiles" / "cpu" / "stdlib-quick.yaml"
     assert main(["--profile", str(cpu), "--ctx", "256", "--batches", "4", "--policies", "adaptive", "--steps", "40",
                  "--stages", "--clock", "cpu", "--json", str(out)]) == 0
     (stages,) = json.loads(out.read_text())["stages"]
     for name in BANDIT_STAGES:
-        assert stages[name] > 0, name
+        if name != "exploit":  # a few full decisions per exploitation stage: its median step is 0
+            assert stages[name] > 0, name
+    timer = StageTimer()
+    bench("adaptive", compile_plan(load_profile(cpu), policy="adaptive", max_k=8), 4, 256, 200, timer=timer)
+    assert sum(r.get("exploit", 0.0) for r in timer.rows) > 0
 
 
 def test_the_decision_cost_benchmark_runs_the_policy_off_the_critical_path(tmp_path):

@@ -417,6 +417,23 @@ def test_bandit_clock_counts_steps_however_often_it_is_consulted():
     assert b.exploring and b.epoch == 2 and b.draws_next()
 
 
+def test_bandit_puts_the_whole_batch_on_the_owners_drafter_while_exploiting():
+    """``assign(whole=d)``: while exploring the draws go on as before; while exploiting every request
+    gets d (a newcomer too), where the matching would have followed each request's rewards."""
+    slots = np.arange(4)
+    b = DrafterBandit(3, None, explore_slots=4, chunk_slots=2, seed=0)
+    ref = DrafterBandit(3, None, explore_slots=4, chunk_slots=2, seed=0)
+    for _ in range(4):  # exploration: the same draws with or without ``whole``
+        assert (b.assign(slots, whole=1) == ref.assign(slots)).all()
+    assert not b.exploring
+    b.update(slots, np.zeros(4, dtype=np.int64), np.full(4, 3.0))  # rewards favour drafter 0 ...
+    ref.update(slots, np.zeros(4, dtype=np.int64), np.full(4, 3.0))
+    assert (ref.assign(slots) == 0).all()  # ... which the matching follows
+    assert (b.assign(slots, whole=2) == 2).all()
+    b.reset(np.array([3]))
+    assert (b.assign(slots, whole=2) == 2).all() and (b.assigned[slots] == 2).all()
+
+
 def test_while_exploring_a_step_s_draft_model_is_the_likeliest_best_not_the_most_drawn():
     """One draft model per step: outside exploration the most used one; while the bandit explores, the
     drawn model its posterior makes likeliest best (the favourite on a near tie), so a first step whose

@@ -59,3 +59,12 @@ class DraftPrices:
         mean, sd = self.posterior()
         z = rng.standard_normal((samples, on.size))  # (S, m)
         return np.where(on, np.exp(mean + sd * z), 1.0)
+
+    def medians(self) -> np.ndarray | None:
+        """(1, m) the posterior median price multipliers of the draft models still at the profile's
+        price, 1 elsewhere (``draws`` at z = 0); None when no model is."""
+        on = self.is_model & ~self.fitted  # (m,)
+        if not on.any():
+            return None
+        mean, _ = self.posterior()
+        return np.where(on, np.exp(mean), 1.0)[None, :]

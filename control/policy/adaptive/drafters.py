@@ -24,9 +24,17 @@ it is likeliest best (P >= ``PREFILL_SHARE`` while exploring; at first, while th
 is a model), or while exploiting, while at least that share of the batch drafts on a model. Otherwise a
 request builds its draft state by catch-up in its first draft pass, a price exploration charges the draft
 models and not n-gram (docs/decisions.md, 2026-11-27).
-Rewards per request: (accepted + 1) / (verify share + its drafter's draft time share), over a plain
-step's tokens per ms; a request on n-gram whose lookup found nothing earns a plain step's reward.
-The matching weighs a request's mean reward on a drafter against the drafter's pooled mean as
+Exploitation puts the whole batch on one drafter: the one with the best modelled goodput for this
+batch at the posterior means (the same formula with each rate at mean_i, each draft price at its
+posterior median, n-gram priced at the proposals of the last ``LOOKUP_MEMORY`` request-steps'
+lookups, not this step's alone). SPIN's per-request matching on measured rewards is kept for drafters
+with capacities. Its rewards split a draft model's passes evenly over the requests on it, but moving one
+request off the model saves only that request's share of the per-token work, not of the per-pass cost
+the rest still pay: the matching moved requests with a few poor rewards to n-gram, and mixed batches
+cost more than either drafter alone (docs/decisions.md, 2026-11-27, stop 39).
+Rewards per request (the matching's): (accepted + 1) / (verify share + its drafter's draft time share),
+over a plain step's tokens per ms; a request on n-gram whose lookup found nothing earns a plain step's
+reward. The matching weighs a request's mean reward on a drafter against the drafter's pooled mean as
 ``REWARD_PRIOR_STEPS`` steps' worth (``DrafterBandit.prior_slots``).
 
 An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail``; 0 without a
@@ -69,6 +77,8 @@ REWARD_PRIOR_STEPS = 8.0  # steps' rewards the drafter's pooled mean is worth in
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
 MIN_STEPS = 1e-9  # floor of the request-step count dividing a drafter's trials
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
+LOOKUP_MEMORY = 256.0  # request-steps of lookups whose proposal lengths price n-gram for exploitation: at batch 1
+# this step's lookup alone flipped the batch between n-gram and a draft model, paying a catch-up each time
 PREFILL_SHARE = 0.5  # new requests prefill the favourite draft model's state while it is at least this likely
 # the best drafter (exploring), or at least this share of the batch drafts on a draft model (exploiting):
 # below it most prefills would be spent on requests that never use the state
@@ -103,6 +113,11 @@ class DrafterChoice:
             value = self._profile_values(ctx)  # (m,)
             self.fav = int(np.argmax(np.where(self.is_model, value, -np.inf)))
             self.prefills = self._may_prefill and bool(self.is_model[int(np.argmax(value))])
+        # exploitation: the whole batch on the drafter with the best modelled goodput (module doc), unless
+        # capacities make the matching necessary; ``exploit``: that drafter at the last full decision
+        self.whole_batch = bool(self.bandit is not None and not b.capacities)
+        self.exploit = -1
+        self._lookups = np.zeros(max(ctx.max_k, 1) + 1)  # (K+1,) recent lookups per proposal length, decayed
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
         self._allowed_arr = np.ones(m, dtype=bool)
@@ -144,16 +159,20 @@ class DrafterChoice:
             sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = self._default_col[:n], np.full(n, e, dtype=I64), view.draft_lag[:, e], True
             return
         self.bandit.advance(held_steps)
+        self._note_lookups(view.ngram_avail)
         switch_cost = None
-        if self.bandit.matches_next():  # only the matching uses it
-            lag_ctx = view.draft_lag[:, np.maximum(to_exec, 0)]  # (n, m)
-            switch_cost = lag_ctx * self._per_token_b(cost)
         allowed = self._allowed(to_exec)
+        whole = -1
         if self.bandit.exploring:
             # fresh every exploring step, so a drafter that stops winning is dropped at once (the
             # favourite too: the profile's favourite can be the one that fails on this workload)
             self.bandit.explore_p = self.explore_probs(view, allowed, to_exec, cost)
-        d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed)  # (n,)
+        elif self.whole_batch:
+            whole = self.exploit = self.exploit_best(view, allowed, to_exec, cost)
+        elif self.bandit.matches_next():  # only the matching uses it
+            lag_ctx = view.draft_lag[:, np.maximum(to_exec, 0)]  # (n, m)
+            switch_cost = lag_ctx * self._per_token_b(cost)
+        d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed, whole=whole)  # (n,)
         uniform = is_uniform(d_ctx)
         if not uniform:
             d_ctx = self._one_model_per_step(d_ctx)
@@ -174,6 +193,8 @@ class DrafterChoice:
             return -1
         if b.exploring:
             return int(np.argmax(b.explore_p)) if b.explore_p is not None and b.explore_p.any() else -1
+        if self.whole_batch:
+            return self.exploit
         return b.best_new() if b.pool_cnt.any() else -1
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
@@ -192,37 +213,70 @@ class DrafterChoice:
     def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:
         """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc)."""
         m = len(self.ctx.drafters)
+        mean, sd = self._posterior()
+        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)  # (S, m)
+        mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
+        share = None
+        if view.ngram_avail is not None and self.is_ngram.any():
+            K = self.steps.kk.size - 1
+            share = np.bincount(np.minimum(view.ngram_avail, K), minlength=K + 1) / max(view.n, 1)  # (K+1,) over a
+        best = self._values(view, to_exec, cost, rate, mult, share)  # (S, m)
+        if not allowed.all():
+            best[:, ~allowed] = -np.inf
+        return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+    def exploit_best(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> int:
+        """The drafter with the best modelled goodput for this batch at the posterior means (module doc)."""
+        mean, _ = self._posterior()
+        rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
+        mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
+        total = self._lookups.sum()
+        share = self._lookups / total if total > 0.0 and self.is_ngram.any() else None  # (K+1,)
+        best = self._values(view, to_exec, cost, rate, mult, share)[0]  # (m,)
+        return int(np.argmax(np.where(allowed, best, -np.inf)))
+
+    def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """(m,) mean and (m,) sd of each drafter's chain rate (module doc)."""
         st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials over every position
         steps = np.array([float(p.trials[0]) for p in self.pos])  # (m,) drafting request-steps
         per_step = np.where(steps > 0.0, st[:, 1] / np.maximum(steps, MIN_STEPS), 1.0)  # (m,) trials per request-step
         a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS * per_step  # (m,)
         t = st[:, 1] + PRIOR_TRIALS * per_step
         mean = a / t
-        sd = np.sqrt(mean * (1.0 - mean) / (steps + PRIOR_TRIALS + 1.0))
-        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)  # (S, m)
+        return mean, np.sqrt(mean * (1.0 - mean) / (steps + PRIOR_TRIALS + 1.0))
+
+    def _values(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel, rate: np.ndarray,
+                mult: np.ndarray | None, share: np.ndarray | None) -> np.ndarray:
+        """(S, m) each drafter's best goodput over uniform k for this batch, per draw of the chain rates
+        ``rate`` (S, m) and draft price multipliers ``mult`` (S, m) (None: the profile's prices); n-gram
+        priced at the lookup proposal lengths ``share`` (K+1,) (None: as a draft of k)."""
         kk = self.steps.kk
         tokens = (1.0 - np.power.outer(rate, kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
         inv = self.steps.inv(cost, view.ctx_lens)  # (m, K+1)
-        if view.ngram_avail is not None and self.is_ngram.any():
-            tokens, inv = self._lookup_priced(view.ngram_avail, tokens, inv)
+        if share is not None:
+            tokens, inv = self._lookup_priced(share, tokens, inv)
         catch = self._catch_up_ms(view, to_exec, cost)
         if catch is not None:
             inv = 1.0 / (1.0 / inv + catch[:, None])
-        mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)
-        if mult is not None:  # (S, m) price draws: the drafting part of each step, catch-up included
+        if mult is not None:  # the drafting part of each step, catch-up included, at each draw's price
             part = self.steps.draft_ms(cost, view.ctx_lens) + (0.0 if catch is None else catch[:, None])  # (m, K+1)
             inv = 1.0 / (1.0 / inv[None] + part[None] * (mult[:, :, None] - 1.0))  # (S, m, K+1)
-        best = (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)  # (S, m)
-        if not allowed.all():
-            best[:, ~allowed] = -np.inf
-        return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+        return (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)  # (S, m)
 
-    def _lookup_priced(self, avail: np.ndarray, tokens: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _note_lookups(self, avail: np.ndarray | None) -> None:
+        """Add this step's lookup proposal lengths ``avail`` (n,) to the decayed histogram exploitation
+        prices n-gram at (``LOOKUP_MEMORY`` request-steps)."""
+        if avail is None or not (self.whole_batch and self.is_ngram.any()):
+            return
+        K = self._lookups.size - 1
+        self._lookups *= (1.0 - 1.0 / LOOKUP_MEMORY) ** avail.shape[0]
+        self._lookups += np.bincount(np.minimum(avail, K), minlength=K + 1)
+
+    def _lookup_priced(self, share: np.ndarray, tokens: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``tokens`` (S, m, K+1) and ``inv`` (m, K+1) with each n-gram drafter's column priced at
-        what the batch's lookups ``avail`` (n,) propose, on its survival by proposal length (module doc)."""
+        lookups proposing a tokens in shares ``share`` (K+1,), on its survival by proposal length (module doc)."""
         kk = self.steps.kk  # (K+1,)
         K = kk.size - 1
-        share = np.bincount(np.minimum(avail, K), minlength=K + 1) / max(avail.shape[0], 1)  # (K+1,) over a
         eff = np.minimum.outer(kk, kk) @ share  # (K+1,) mean tokens drafted at k
         tokens, inv = tokens.copy(), inv.copy()
         for i in np.flatnonzero(self.is_ngram):

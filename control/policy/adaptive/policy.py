@@ -377,7 +377,7 @@ class AdaptivePolicy(BasePolicy):
             rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence,
                      uniform, outcome.ngram_avail)
         self._refit(outcome, d_ctx, uniform)
-        if self.bandit is not None:
+        if self.bandit is not None and not self.choice.whole_batch:  # rewards feed the matching alone
             mine = self.choice.rewarded(outcome, d_ctx, spec)
             if mine is not None:
                 self.bandit.update(outcome.slots[mine], d_ctx[mine], self.choice.rewards(outcome, d_ctx, self._cost)[mine])
