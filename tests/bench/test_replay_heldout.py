@@ -32,8 +32,8 @@ def test_a_draft_model_dropped_after_an_unlucky_start_is_drawn_again(record):
     decay with the steps), and the exploration posterior counted each drafted position as independent
     evidence, so a few long drafts looked conclusive (seeds 4 and 5 at 0.761 and 0.755; it now counts
     request-steps). Over policy seeds 0-7 every run draws draft-tiny again in time; how soon varies with
-    the seed (0.91-1.00 of the best fixed configuration; over seeds 0-15, 0.90-1.00)."""
+    the seed (0.94-1.00 of the best fixed configuration; over seeds 0-15, 0.93-1.01)."""
     profile = load_profile(PROFILE)
     best = max(tokens_per_s(replay_run(record, profile, c, 1, rows=ROWS)) for c in fixed_configs(record))
     got = np.array([tokens_per_s(replay_run(record, profile, "adaptive", 1, seed=s, rows=ROWS)) for s in range(8)]) / best
-    assert got.mean() >= 0.96 and got.min() >= 0.91, got.round(3)
+    assert got.mean() >= 0.96 and got.min() >= 0.92, got.round(3)

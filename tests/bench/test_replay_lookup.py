@@ -118,13 +118,14 @@ def test_adaptive_on_ngram_keeps_up_with_its_best_fixed_k_as_old_matches_start_t
     assert tokens_per_s(replay_run(full, prof, "adaptive@ngram", 32)) >= 0.99 * best
 
 
-def test_exploitation_prices_n_gram_at_recent_lookups_not_this_steps_alone(record, profile):
+def test_the_drafter_choice_prices_n_gram_at_recent_lookups_not_this_steps_alone(record, profile):
     """At batch 1 n-gram is the best drafter on this record, but one step's lookup often proposes
-    nothing. Exploitation priced n-gram at this step's lookup alone put the request on a draft model at
-    such a step and back on n-gram at the next, paying the draft model's catch-up each time (0.91x the
-    best fixed configuration); it now prices n-gram at the last ``LOOKUP_MEMORY`` request-steps'
-    lookups."""
+    nothing. Priced at this step's lookup alone, exploitation put the request on a draft model at such
+    a step and back on n-gram at the next, paying the draft model's catch-up each time (0.90-0.91x the
+    best fixed configuration), and exploration drew the draft models at such steps for a whole chunk
+    (0.983-0.993x). Both now price n-gram at the last ``LOOKUP_MEMORY`` request-steps' lookups: the
+    draft models are drawn no more, and adaptive beats every fixed k on n-gram."""
     on_ngram = [c for c in fixed_configs(record) if c.endswith("@ngram")]
     best = max(tokens_per_s(replay_run(record, profile, c, 1, rows=ROWS)) for c in on_ngram)
     got = [tokens_per_s(replay_run(record, profile, "adaptive", 1, seed=s, rows=ROWS)) / best for s in range(2)]
-    assert min(got) >= 0.98, got
+    assert min(got) >= 1.0, got

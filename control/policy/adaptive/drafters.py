@@ -26,8 +26,7 @@ request builds its draft state by catch-up in its first draft pass, a price expl
 models and not n-gram (docs/decisions.md, 2026-11-27).
 Exploitation puts the whole batch on one drafter: the one with the best modelled goodput for this
 batch at the posterior means (the same formula with each rate at mean_i, each draft price at its
-posterior median, n-gram priced at the proposals of the last ``LOOKUP_MEMORY`` request-steps'
-lookups, not this step's alone). SPIN's per-request matching on measured rewards is kept for drafters
+posterior median). SPIN's per-request matching on measured rewards is kept for drafters
 with capacities. Its rewards split a draft model's passes evenly over the requests on it, but moving one
 request off the model saves only that request's share of the per-token work, not of the per-pass cost
 the rest still pay: the matching moved requests with a few poor rewards to n-gram, and mixed batches
@@ -41,7 +40,9 @@ An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail`
 match), so a request on n-gram drafts min(k, a_r): its cap becomes min(cap_r, a_r) (0 without a match:
 plain decoding for it this step). The plan also gets the lookup's survival curves by proposal length
 S_a (``survival.LookupRates``), for the optimiser's fallback and held lookups (``optimise.py``), and
-exploration prices n-gram at what this batch's lookups propose (share_a: the batch's share proposing a):
+the drafter choice prices n-gram at what recent lookups propose (share_a: the share of the last
+``LOOKUP_MEMORY`` request-steps' lookups proposing a: a drafter chosen now keeps its requests for a
+chunk or a stage, longer than one step's lookups last):
 
     tokens_ngram(k) = 1 + sum_a share_a sum_{j < min(k, a)} S_a[j]
     T_ngram(k) = T(sum_a share_a min(k, a))   (interpolated between uniform draft lengths).
@@ -77,8 +78,8 @@ REWARD_PRIOR_STEPS = 8.0  # steps' rewards the drafter's pooled mean is worth in
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
 MIN_STEPS = 1e-9  # floor of the request-step count dividing a drafter's trials
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
-LOOKUP_MEMORY = 256.0  # request-steps of lookups whose proposal lengths price n-gram for exploitation: at batch 1
-# this step's lookup alone flipped the batch between n-gram and a draft model, paying a catch-up each time
+LOOKUP_MEMORY = 256.0  # request-steps of lookups whose proposal lengths price n-gram: at batch 1 this step's
+# lookup alone flipped the request between n-gram and a draft model, paying a catch-up each time
 PREFILL_SHARE = 0.5  # new requests prefill the favourite draft model's state while it is at least this likely
 # the best drafter (exploring), or at least this share of the batch drafts on a draft model (exploiting):
 # below it most prefills would be spent on requests that never use the state
@@ -216,11 +217,7 @@ class DrafterChoice:
         mean, sd = self._posterior()
         rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)  # (S, m)
         mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
-        share = None
-        if view.ngram_avail is not None and self.is_ngram.any():
-            K = self.steps.kk.size - 1
-            share = np.bincount(np.minimum(view.ngram_avail, K), minlength=K + 1) / max(view.n, 1)  # (K+1,) over a
-        best = self._values(view, to_exec, cost, rate, mult, share)  # (S, m)
+        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share(view))  # (S, m)
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
@@ -230,9 +227,7 @@ class DrafterChoice:
         mean, _ = self._posterior()
         rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
         mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
-        total = self._lookups.sum()
-        share = self._lookups / total if total > 0.0 and self.is_ngram.any() else None  # (K+1,)
-        best = self._values(view, to_exec, cost, rate, mult, share)[0]  # (m,)
+        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share(view))[0]  # (m,)
         return int(np.argmax(np.where(allowed, best, -np.inf)))
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
@@ -263,10 +258,23 @@ class DrafterChoice:
             inv = 1.0 / (1.0 / inv[None] + part[None] * (mult[:, :, None] - 1.0))  # (S, m, K+1)
         return (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)  # (S, m)
 
+    def _lookup_share(self, view: StepView) -> np.ndarray | None:
+        """(K+1,) the share of the recent lookups (``LOOKUP_MEMORY`` request-steps, this step's
+        included) proposing a = 0..K tokens, this view's alone before any was noted; None without an
+        n-gram drafter or a lookup."""
+        if not self.is_ngram.any():
+            return None
+        total = self._lookups.sum()
+        if total > 0.0:
+            return self._lookups / total
+        if view.ngram_avail is None:
+            return None
+        return np.bincount(np.minimum(view.ngram_avail, self._lookups.size - 1), minlength=self._lookups.size) / max(view.n, 1)
+
     def _note_lookups(self, avail: np.ndarray | None) -> None:
-        """Add this step's lookup proposal lengths ``avail`` (n,) to the decayed histogram exploitation
-        prices n-gram at (``LOOKUP_MEMORY`` request-steps)."""
-        if avail is None or not (self.whole_batch and self.is_ngram.any()):
+        """Add this step's lookup proposal lengths ``avail`` (n,) to the decayed histogram the drafter
+        choice prices n-gram at (``LOOKUP_MEMORY`` request-steps)."""
+        if avail is None or not self.is_ngram.any():
             return
         K = self._lookups.size - 1
         self._lookups *= (1.0 - 1.0 / LOOKUP_MEMORY) ** avail.shape[0]
