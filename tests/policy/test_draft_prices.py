@@ -31,6 +31,20 @@ def test_the_posterior_starts_at_the_profile_and_narrows_towards_the_measured_pr
     assert p.n[1] == 0
 
 
+def test_medians_are_the_draws_centre_for_the_models_still_at_the_profiles_price():
+    """Exploitation prices each draft model at its posterior median: exp(mean) where the profile's
+    price stands, 1 where the refit fitted its own or there are no passes; None once none stands."""
+    p = DraftPrices(IS_MODEL)
+    for _ in range(3):
+        p.observe(0, 1.0, 2.0)
+    med = p.medians()
+    assert med.shape == (1, 3)
+    assert med[0, 0] == pytest.approx(math.exp(p.posterior()[0][0])) and med[0, 0] < 1.0
+    assert med[0, 1] == 1.0 and med[0, 2] == 1.0
+    p.fitted[:2] = True
+    assert p.medians() is None
+
+
 def test_draws_cover_only_the_models_still_at_the_profiles_price():
     p = DraftPrices(IS_MODEL)
     rng = np.random.default_rng(0)
