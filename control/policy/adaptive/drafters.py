@@ -217,7 +217,7 @@ class DrafterChoice:
         mean, sd = self._posterior()
         rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)  # (S, m)
         mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
-        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share(view))  # (S, m)
+        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share())  # (S, m)
         if not allowed.all():
             best[:, ~allowed] = -np.inf
         return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
@@ -227,7 +227,7 @@ class DrafterChoice:
         mean, _ = self._posterior()
         rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
         mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
-        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share(view))[0]  # (m,)
+        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share())[0]  # (m,)
         return int(np.argmax(np.where(allowed, best, -np.inf)))
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
@@ -258,18 +258,12 @@ class DrafterChoice:
             inv = 1.0 / (1.0 / inv[None] + part[None] * (mult[:, :, None] - 1.0))  # (S, m, K+1)
         return (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)  # (S, m)
 
-    def _lookup_share(self, view: StepView) -> np.ndarray | None:
+    def _lookup_share(self) -> np.ndarray | None:
         """(K+1,) the share of the recent lookups (``LOOKUP_MEMORY`` request-steps, this step's
-        included) proposing a = 0..K tokens, this view's alone before any was noted; None without an
-        n-gram drafter or a lookup."""
-        if not self.is_ngram.any():
-            return None
+        included: ``_assign`` notes them first) proposing a = 0..K tokens; None before any lookup
+        (no n-gram drafter, or an executor that does not show its lookups)."""
         total = self._lookups.sum()
-        if total > 0.0:
-            return self._lookups / total
-        if view.ngram_avail is None:
-            return None
-        return np.bincount(np.minimum(view.ngram_avail, self._lookups.size - 1), minlength=self._lookups.size) / max(view.n, 1)
+        return self._lookups / total if total > 0.0 else None
 
     def _note_lookups(self, avail: np.ndarray | None) -> None:
         """Add this step's lookup proposal lengths ``avail`` (n,) to the decayed histogram the drafter
