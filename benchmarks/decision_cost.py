@@ -40,9 +40,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from control.errors import ConfigError  # noqa: E402
 from control.plan import compile_plan  # noqa: E402
 from control.policy import StepOutcome, StepView, build_policy  # noqa: E402
 from control.profile import load_profile  # noqa: E402
+from control.profiler.grid import parse_int_list  # noqa: E402
 
 # the clock the decide/observe timings read (``--clock``): wall time, or this thread's CPU time, which
 # leaves out the time other jobs on a shared machine hold the CPU
@@ -257,6 +259,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     clock = CLOCKS[args.clock]
+    try:
+        batches = parse_int_list(args.batches, "--batches", 1)
+    except ConfigError as e:
+        ap.error(str(e))
     if not Path(args.profile).is_file():
         print(f"decision_cost: profile '{args.profile}' not found; generate it with "
               "`specctl roofline --sku h100 --target llama-3.1-8b --draft llama-3.2-1b --out ...` or pass --profile",
@@ -266,7 +272,7 @@ def main(argv=None) -> int:
     plan = compile_plan(profile.model_copy(update={"limits": profile.limits.model_copy(update={"max_batch": 512})}),
                         max_k=args.max_k)
     rows = []
-    for b in (int(x) for x in args.batches.split(",")):
+    for b in batches:
         for p in args.policies.split(","):
             rows.append(bench(p, plan, b, args.ctx, args.steps, clock=clock))
     print(f"profile {profile.sku}/{profile.pair} ({profile.source}), K={args.max_k}, ctx ~{args.ctx}, clock {args.clock}")
@@ -280,18 +286,18 @@ def main(argv=None) -> int:
               f"{r['modelled_step_ms']:8.2f} {r['share_pct']:6.2f}% {r['median_share_pct']:8.2f}%")
     out = {"rows": rows}
     if args.overlap:
-        out["overlap"] = overlap_table(plan, args)
+        out["overlap"] = overlap_table(plan, args, batches)
     if args.stages:
-        out["stages"] = stage_table(plan, [int(x) for x in args.batches.split(",")], args.ctx, args.steps, clock)
+        out["stages"] = stage_table(plan, list(batches), args.ctx, args.steps, clock)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
 
 
-def overlap_table(plan, args) -> list[dict]:
+def overlap_table(plan, args, batches: tuple[int, ...]) -> list[dict]:
     """Each policy and batch with its work prepared off the critical path, printed and returned."""
-    rows = [bench_overlap(p, plan, int(b), args.ctx, args.overlap_steps)
-            for b in args.batches.split(",") for p in args.policies.split(",")]
+    rows = [bench_overlap(p, plan, b, args.ctx, args.overlap_steps)
+            for b in batches for p in args.policies.split(",")]
     print("off the critical path (decision for step t+1 prepared during step t, one step stale):")
     print(f"{'policy':18s} {'batch':>5s} {'on-path us':>11s} {'p99 us':>8s} {'worker us':>10s} {'step ms':>8s} {'share':>7s}")
     for r in rows:

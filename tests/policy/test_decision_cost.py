@@ -176,3 +176,14 @@ def test_weights_and_prefix_sums_given_to_the_optimiser_equal_weighted_survival(
         got = admit_parametric(cost, ctx, surv, cap, cons, drafter=drafter, lag=lag, psum=psum, weights=w)
         np.testing.assert_array_equal(got.k, want.k)
         assert got.tokens == pytest.approx(want.tokens, rel=1e-9) and got.step_ms == pytest.approx(want.step_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("batches,said", [("x", "'x' is not an integer"), ("4,0", "0 is below 1"), ("", "comma-separated")])
+def test_the_decision_cost_benchmark_names_a_bad_batch_list(capsys, batches, said):
+    from benchmarks.decision_cost import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--batches", batches])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batches" in err and said in err and "Traceback" not in err
