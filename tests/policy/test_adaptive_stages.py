@@ -145,19 +145,44 @@ def test_probe_stage_gives_one_token_to_zero_k_requests_on_unmeasured_drafters_o
     assert probed.tokens == pytest.approx(4.5)
 
 
-def test_cut_stage_maps_the_marginal_cost_through_the_drafters_calibration():
-    view = _view(3)
+def _cut_plan(first: list[float]) -> tuple[StepPlan, list[ConfidenceMap], list[PositionRates]]:
+    """Three requests on drafter 0 whose first-position rates are ``first``, a pool at 0.6 there, and
+    a calibration map that has seen survival rise with confidence."""
+    n = len(first)
     maps = [ConfidenceMap(), ConfidenceMap()]
-    sp = StepPlan(view, np.full(3, K), d_ctx=np.zeros(3, dtype=np.int64), uniform=True)
-    sp.choice = Choice(np.full(3, 2), 6.0, 10.0, 8.0, next_cost=np.array([1.0, 2.0, 4.0]))
+    maps[0].update(np.repeat(np.logspace(-3.5, -0.1, 8), 40), np.tile(np.linspace(0.3, 0.95, 8) > 0.6, 40))
+    pos = [PositionRates(K, prior=np.full(K, 0.6)) for _ in range(2)]
+    sp = StepPlan(_view(n), np.full(n, K), d_ctx=np.zeros(n, dtype=np.int64), uniform=True)
+    sp.surv = np.cumprod(np.tile(np.array(first)[:, None], (1, K)), axis=1)  # (n, K)
+    sp.choice = Choice(np.full(n, 2), 6.0, 10.0, 8.0, next_cost=np.array([1.0, 2.0, 4.0][:n]))
     sp.g_value = 0.1
-    cuts = confidence_cuts(sp, np.array([True, False]), maps)  # (3,)
-    np.testing.assert_array_equal(cuts, maps[0].raw_cut(np.array([0.1, 0.2, 0.4])))
+    return sp, maps, pos
+
+
+def test_cut_stage_maps_the_marginal_cost_through_the_drafters_calibration():
+    sp, maps, pos = _cut_plan([0.6, 0.6, 0.6])  # every request at the pool's rate: no lift
+    cuts = confidence_cuts(sp, np.array([True, False]), maps, pos)  # (3,)
+    np.testing.assert_allclose(cuts, maps[0].raw_cut(np.array([0.1, 0.2, 0.4])))
     assert (np.diff(cuts) >= 0).all()  # a dearer next token needs more confidence
     sp.weights = np.array([2.0, 1.0, 0.5])
-    np.testing.assert_array_equal(confidence_cuts(sp, np.array([True, False]), maps),
-                                  maps[0].raw_cut(np.array([0.05, 0.2, 0.8])))
-    assert confidence_cuts(sp, np.array([False, False]), maps) is None  # nobody reports confidences
+    np.testing.assert_allclose(confidence_cuts(sp, np.array([True, False]), maps, pos),
+                               maps[0].raw_cut(np.array([0.05, 0.2, 0.8])))
+    assert confidence_cuts(sp, np.array([False, False]), maps, pos) is None  # nobody reports confidences
+
+
+def test_cut_stage_reads_the_pooled_calibration_at_each_requests_lift():
+    """A request that accepts more than the pool keeps drafting through confidences at which the
+    pool's drafts stop; one that accepts less keeps the pool's cut (the same marginal cost for all)."""
+    sp, maps, pos = _cut_plan([0.9, 0.6, 0.3])
+    sp.choice = Choice(np.full(3, 2), 6.0, 10.0, 8.0, next_cost=np.full(3, 5.0))
+    cuts = confidence_cuts(sp, np.array([True, False]), maps, pos)  # (3,)
+    pool = maps[0].raw_cut(np.array([0.5]))[0]
+    assert cuts[0] < cuts[1] == cuts[2] == pool
+    odds = 1.0 / (0.9 / 0.1 / 1.5)  # odds(cut 0.5) / lift
+    np.testing.assert_allclose(cuts[0], maps[0].raw_cut(np.array([odds / (1.0 + odds)]))[0])
+    one, _, _ = _cut_plan([0.9])  # batch 1 (plain floats) agrees with the vector path
+    one.choice = Choice(np.full(1, 2), 2.0, 10.0, 8.0, next_cost=np.array([5.0]))
+    np.testing.assert_allclose(confidence_cuts(one, np.array([True, False]), maps, pos), cuts[:1])
 
 
 def test_drafter_choice_stage_assigns_every_request_an_allowed_drafter_and_prices_rewards():

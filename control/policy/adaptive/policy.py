@@ -254,7 +254,7 @@ class AdaptivePolicy(BasePolicy):
                 sp.choice = probed
                 sp.accepted = self.optimiser.accepted(sp, probed.k)
         self.gate_stage.evidence(sp, cost, self._runnable(), self.acceptance.pooled_rate)
-        sp.conf_cut = confidence_cuts(sp, self.ctx.confidences, self.acceptance.conf)
+        sp.conf_cut = confidence_cuts(sp, self.ctx.confidences, self.acceptance.conf, self.acceptance.pos)
         self.optimiser.note_pace(sp)
         if self.bandit is not None:
             self.choice.note_favourite(sp)
