@@ -40,9 +40,10 @@ An n-gram lookup proposes a_r <= K tokens for request r (``StepView.ngram_avail`
 match), so a request on n-gram drafts min(k, a_r): its cap becomes min(cap_r, a_r) (0 without a match:
 plain decoding for it this step). The plan also gets the lookup's survival curves by proposal length
 S_a (``survival.LookupRates``), for the optimiser's fallback and held lookups (``optimise.py``), and
-the drafter choice prices n-gram at what recent lookups propose (share_a: the share of the last
-``LOOKUP_MEMORY`` request-steps' lookups proposing a: a drafter chosen now keeps its requests for a
-chunk or a stage, longer than one step's lookups last):
+the drafter choice prices n-gram at what recent lookups propose (share_a: the share proposing a of the
+lookups seen at the full decisions, the last ``LOOKUP_MEMORY`` request-steps of them; held steps are
+not counted: a drafter chosen now keeps its requests for a chunk or a stage, longer than one step's
+lookups last):
 
     tokens_ngram(k) = 1 + sum_a share_a sum_{j < min(k, a)} S_a[j]
     T_ngram(k) = T(sum_a share_a min(k, a))   (interpolated between uniform draft lengths).
@@ -259,9 +260,9 @@ class DrafterChoice:
         return (tokens * inv)[:, :, : max(self.ctx.max_k, 1) + 1].max(axis=2)  # (S, m)
 
     def _lookup_share(self) -> np.ndarray | None:
-        """(K+1,) the share of the recent lookups (``LOOKUP_MEMORY`` request-steps, this step's
-        included: ``_assign`` notes them first) proposing a = 0..K tokens; None before any lookup
-        (no n-gram drafter, or an executor that does not show its lookups)."""
+        """(K+1,) the share of the lookups seen at recent full decisions (``LOOKUP_MEMORY``
+        request-steps, this step's included: ``_assign`` notes them first) proposing a = 0..K tokens;
+        None before any lookup (no n-gram drafter, or an executor that does not show its lookups)."""
         total = self._lookups.sum()
         return self._lookups / total if total > 0.0 else None
 
