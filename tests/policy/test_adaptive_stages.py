@@ -118,6 +118,32 @@ def test_a_new_request_that_defers_its_first_draft_starts_from_the_batch_pace():
     assert w[3] / w[0] < 2.0  # 5.0 from a pace of 1
 
 
+def _lagging_plan(lag0):
+    """Four requests on the draft model at 20 tokens left, the last one ``lag0`` tokens behind."""
+    view = _view(4, ctx=np.full(4, 200), remaining=20)
+    lag = np.array([0, 0, 0, lag0])
+    sp = StepPlan(view, np.full(4, K), d_ctx=np.zeros(4, dtype=np.int64), lag=lag)
+    sp.lagged = True
+    sp.surv = np.tile(0.8 ** np.arange(1, K + 1), (4, 1))  # (4, K)
+    sp.cons = Constraints(10**6, 8192)
+    return sp
+
+
+def test_a_lagging_request_that_stays_on_its_drafter_catches_up_when_its_life_repays_it():
+    """Charged its amortised catch-up on its first token, a lagging request gets k = 0; where it stays
+    on its drafter, waiting only grows the lag, so it drafts as in sync if its remaining life can
+    repay the catch-up (the draft model's time for the lag against the tokens drafting adds), and
+    while the bandit explores (it may leave after a chunk) the charge decides alone."""
+    ctx = _ctx()  # draft model: 0.003 ms per token caught up
+    for stays in (False, True):
+        sp = _lagging_plan(4000)  # 12 ms of catch-up
+        Optimiser(8).run(sp, ctx.cost, None, stays)
+        assert sp.choice.k[3] == (sp.choice.k[0] if stays else 0) and sp.choice.k[0] > 0
+    sp = _lagging_plan(8000)  # 24 ms: more than 20 tokens' worth of drafting repays
+    Optimiser(8).run(sp, ctx.cost, None, True)
+    assert sp.choice.k[3] == 0 and sp.choice.k[0] > 0
+
+
 def test_optimiser_helpers_weights_lag_and_prefix_sums():
     ctx = _ctx()
     view = _view(3, ctx=np.array([100, 100, 100]))

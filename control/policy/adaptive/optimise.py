@@ -17,7 +17,16 @@ starting, for a request not decided on before, from the batch's mean pace (the k
 this step's), the prior its weight took (docs/decisions.md, 2026-11-27, stop 38).
 
 A lagging draft's catch-up is charged to this step as lag / (remaining / (1 + P_r(cap_r))): the
-re-prefill serves every later step of the request.
+re-prefill serves every later step of the request. The charge sits on the request's first draft
+token, so it deepens the k of a request that catches up (the step pays it whatever k) and can give
+it k = 0. Where requests stay on their drafters (``stays``: one drafter, or the bandit exploiting),
+waiting saves nothing: the lag only grows by the tokens the request emits meanwhile, and each later
+step charges it again, while the request's weight (its pace at k = 0 is one token a step) rises
+until it drafts deep to repay the charge. So a lagging request the charged optimiser gives no tokens
+is decided once more with its catch-up as if paid, where its remaining life can repay it
+(b_d lag_r <= G P_r(cap_r) remaining_r / (1 + P_r(cap_r)), G the step's goodput): it drafts when it
+would in sync. While the bandit explores, a request may sit on a drafter for one chunk only, and the
+charge decides alone.
 
 n-gram lookups (``StepPlan.lookup_curves``, the view's ``ngram_avail`` a_r): a request on a draft model
 that the optimiser gives no tokens (its passes do not pay for it) still drafts by lookup when that
@@ -60,9 +69,10 @@ class Optimiser:
     def reset(self, slots: np.ndarray) -> None:
         self.pace[slots] = np.nan
 
-    def run(self, plan: StepPlan, cost: StepCostModel, k0: np.ndarray | None) -> None:
+    def run(self, plan: StepPlan, cost: StepCostModel, k0: np.ndarray | None, stays: bool = False) -> None:
         """Fill ``plan.csum``, ``pace``, ``known``, ``weights``, ``choice``, ``g_value`` and ``accepted``
-        (``k0``, (n,): the last decision's draft lengths, a lower bound for the warm start)."""
+        (``k0``, (n,): the last decision's draft lengths, a lower bound for the warm start; ``stays``:
+        the requests stay on their drafters beyond this step, module doc)."""
         view, n = plan.view, plan.n
         plan.csum = prefix_sums(plan.surv) if n > 1 else None  # (n, K+1)
         pace = self.pace[view.slots]  # (n,) NaN where not yet decided on
@@ -72,6 +82,8 @@ class Optimiser:
         lag = amortised_lag(plan.lag, plan.surv, plan.csum, plan.cap, view.remaining, self.rows(n)) if plan.lagged else None
         choice = optimizer_call(cost, view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, lag, self.g, k0,
                                 plan.csum, w)
+        if stays and lag is not None:
+            choice = self._sunk_catch_up(plan, cost, choice, lag, k0)
         if plan.lookup_curves is not None:
             choice = self._lookup_fallback(plan, cost, choice, lag, k0)
             self._hold_lookup(plan, choice)
@@ -80,6 +92,24 @@ class Optimiser:
         if w is not None:  # report the prediction in plain tokens
             choice = Choice(choice.k, float(n + plan.accepted.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         plan.choice = choice
+
+    def _sunk_catch_up(self, plan: StepPlan, cost: StepCostModel, choice: Choice, lag: np.ndarray,
+                       k0: np.ndarray | None) -> Choice:
+        """``choice``, or with the lagging requests it gives no tokens decided as if their catch-up
+        were paid (module doc); ``lag`` (n,): the amortised catch-up charged to this step."""
+        waits = (choice.k == 0) & (plan.lag > 0) & (plan.cap > 0)  # (n,) bool
+        if not waits.any():
+            return choice
+        # only a catch-up that its remaining life can repay: the draft model's time for the lag
+        # against the tokens drafting at its cap would add over the steps left, at the step's goodput
+        rows = self.rows(plan.n)
+        gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[rows, plan.cap]  # (n,)
+        b = np.array([0.0 if d.model is None else d.model.b for d in cost.drafters])[np.maximum(plan.d_ctx, 0)]  # (n,)
+        waits &= b * plan.lag <= choice.goodput * gain * plan.view.remaining / (1.0 + gain)
+        if not waits.any():
+            return choice
+        return optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx,
+                              np.where(waits, 0.0, lag), self.g, k0, plan.csum, plan.weights)
 
     def _lookup_fallback(self, plan: StepPlan, cost: StepCostModel, choice: Choice, lag: np.ndarray | None,
                          k0: np.ndarray | None) -> Choice:

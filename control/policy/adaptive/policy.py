@@ -247,7 +247,8 @@ class AdaptivePolicy(BasePolicy):
         self._limit_catch_up(sp)
         sp.surv = self.acceptance.survival(view, sp.d_ctx, sp.uniform)
         sp.cons = self._constraints(view)
-        self.optimiser.run(sp, cost, None if view.n == 1 else self._asked_prev[view.slots])
+        stays = self.bandit is None or not self.bandit.exploring  # (the optimiser's module doc)
+        self.optimiser.run(sp, cost, None if view.n == 1 else self._asked_prev[view.slots], stays)
         if self.bandit is not None and self.bandit.exploring:
             probed = probe_unmeasured(sp, self.acceptance.pos, cost)
             if probed is not sp.choice:
