@@ -108,8 +108,10 @@ class Optimiser:
         waits &= b * plan.lag <= choice.goodput * gain * plan.view.remaining / (1.0 + gain)
         if not waits.any():
             return choice
-        return optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx,
-                              np.where(waits, 0.0, lag), self.g, k0, plan.csum, plan.weights)
+        alt = optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx,
+                             np.where(waits, 0.0, lag), self.g, k0, plan.csum, plan.weights)
+        caught = waits & (alt.k > 0)  # (n,) bool: their share of the catch-up is in the step after all
+        return Choice(alt.k, alt.tokens, alt.step_ms + float((b * lag)[caught].sum()), alt.plain_ms, alt.next_cost)
 
     def _lookup_fallback(self, plan: StepPlan, cost: StepCostModel, choice: Choice, lag: np.ndarray | None,
                          k0: np.ndarray | None) -> Choice:
