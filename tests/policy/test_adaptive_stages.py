@@ -133,12 +133,18 @@ def test_a_lagging_request_that_stays_on_its_drafter_catches_up_when_its_life_re
     """Charged its amortised catch-up on its first token, a lagging request gets k = 0; where it stays
     on its drafter, waiting only grows the lag, so it drafts as in sync if its remaining life can
     repay the catch-up (the draft model's time for the lag against the tokens drafting adds), and
-    while the bandit explores (it may leave after a chunk) the charge decides alone."""
+    while the bandit explores (it may leave after a chunk) the charge decides alone. The predicted
+    step time still carries the catch-up's share (the next decision starts from its goodput)."""
     ctx = _ctx()  # draft model: 0.003 ms per token caught up
+    in_sync = _lagging_plan(0)
+    Optimiser(8).run(in_sync, ctx.cost, None, True)
     for stays in (False, True):
         sp = _lagging_plan(4000)  # 12 ms of catch-up
         Optimiser(8).run(sp, ctx.cost, None, stays)
         assert sp.choice.k[3] == (sp.choice.k[0] if stays else 0) and sp.choice.k[0] > 0
+    np.testing.assert_array_equal(sp.choice.k, in_sync.choice.k)
+    share = amortised_lag(sp.lag, sp.surv, sp.csum, sp.cap, sp.view.remaining, np.arange(4))[3]  # tokens a step
+    assert sp.choice.step_ms == pytest.approx(in_sync.choice.step_ms + 0.003 * share)  # the step still pays it
     sp = _lagging_plan(8000)  # 24 ms: more than 20 tokens' worth of drafting repays
     Optimiser(8).run(sp, ctx.cost, None, True)
     assert sp.choice.k[3] == 0 and sp.choice.k[0] > 0
