@@ -152,6 +152,10 @@ class StepCostModel:
             return np.full(ctx.shape[0], t.b), 0.0
         return t.b + t.d + t.a * (np.asarray(ctx, dtype=np.float64) + 1.0), t.a
 
+    def catch_up_ms_per_token(self) -> np.ndarray:
+        """(m,) each drafter's draft-model ms per context token caught up (0: no model)."""
+        return np.array([d.model.b if d.model is not None else 0.0 for d in self.drafters])
+
     def step_ms(self, ctx, k, drafter=None, lag=None) -> float:
         """Predicted step time in ms. ``drafter``: per-request drafter index (default all 0)."""
         ctx = np.asarray(ctx, dtype=np.float64)

@@ -209,7 +209,7 @@ class DrafterChoice:
         """(m,) each drafter's draft-model ms per context token caught up (0: no model), per cost model."""
         if self._b_key is not cost:
             self._b_key = cost
-            self._b_arr = np.array([d.model.b if d.model is not None else 0.0 for d in cost.drafters])
+            self._b_arr = cost.catch_up_ms_per_token()
         return self._b_arr
 
     def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:

@@ -23,9 +23,9 @@ it k = 0. Where requests stay on their drafters (``stays``: one drafter, or the 
 waiting saves nothing: the lag only grows by the tokens the request emits meanwhile, and each later
 step charges it again, while the request's weight (its pace at k = 0 is one token a step) rises
 until it drafts deep to repay the charge. So a lagging request the charged optimiser gives no tokens
-is decided once more with its catch-up as if paid, where its remaining life can repay it
-(b_d lag_r <= G P_r(cap_r) remaining_r / (1 + P_r(cap_r)), G the step's goodput): it drafts when it
-would in sync. While the bandit explores, a request may sit on a drafter for one chunk only, and the
+is decided once more with its catch-up as if paid, where its remaining life can repay it (its
+share per step left b_d lag_r (1 + P_r(cap_r)) / remaining_r <= G P_r(cap_r), G the step's goodput):
+it drafts when it would in sync. While the bandit explores, a request may sit on a drafter for one chunk only, and the
 charge decides alone.
 
 n-gram lookups (``StepPlan.lookup_curves``, the view's ``ngram_avail`` a_r): a request on a draft model
@@ -100,12 +100,11 @@ class Optimiser:
         waits = (choice.k == 0) & (plan.lag > 0) & (plan.cap > 0)  # (n,) bool
         if not waits.any():
             return choice
-        # only a catch-up that its remaining life can repay: the draft model's time for the lag
-        # against the tokens drafting at its cap would add over the steps left, at the step's goodput
-        rows = self.rows(plan.n)
-        gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[rows, plan.cap]  # (n,)
-        b = np.array([0.0 if d.model is None else d.model.b for d in cost.drafters])[np.maximum(plan.d_ctx, 0)]  # (n,)
-        waits &= b * plan.lag <= choice.goodput * gain * plan.view.remaining / (1.0 + gain)
+        # only a catch-up that its remaining life can repay: its share per step left (``lag``) against
+        # the tokens drafting at its cap adds per step, at the step's goodput
+        gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[self.rows(plan.n), plan.cap]  # (n,)
+        b = cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)]  # (n,) ms per token caught up
+        waits &= b * lag <= choice.goodput * gain
         if not waits.any():
             return choice
         alt = optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx,
