@@ -45,9 +45,11 @@ def rows(turbospec_ctx: int = 128):
     plain = float(st.target_ms(B, S))
     spec = float(st.target_ms(B, S, 3) + 2 * st.draft_ms(B, S))
     # GPU time (the profile's a, b, c; host time excluded); vLLM verifies by batch expansion: each
-    # of the 3 scored tokens reads the request's KV (ctx + offset)
+    # of the 3 scored tokens reads the request's KV (ctx + offset), the copies after the first at the
+    # re-read share
     plain_p = linear(prof, "target", B * S, B)
-    spec_p = linear(prof, "target", B * (3 * S + 3), 3 * B) + linear(prof, "llama-160m", 2 * B * S + B, 2 * B, 2)
+    copies = B * (S + prof.expansion_reread_share * (2 * S + 3))
+    spec_p = linear(prof, "target", copies, 3 * B) + linear(prof, "llama-160m", 2 * B * S + B, 2 * B, 2)
     lo = float(st.target_ms(B, 0))
     hi = float(st.target_ms(B, 512))
     out.append(("TurboSpec Fig. 2", f"H100, Llama-2-7B, vLLM, B=50, ctx {S} (assumed), k=0", 7.4, plain, plain_p,

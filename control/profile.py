@@ -176,7 +176,7 @@ class Profile(BaseModel):
         entries = self.drafters if drafters is None else [self.drafter(n) for n in drafters]
         target = self.models["target"].to_cost()
         if self.verifies_by_expansion:
-            target = replace(target, expanded=True)
+            target = replace(target, expanded=True, reread_share=self.expansion_reread_share)
         return StepCostModel(target, tuple(self.drafter_cost(e) for e in entries), self.overhead_ms)
 
     @property
@@ -184,6 +184,13 @@ class Profile(BaseModel):
         """Whether the framework a roofline profile was built for verifies by batch expansion."""
         fw = self.environment.get("framework")
         return bool(fw.get("verify_expansion", False)) if isinstance(fw, dict) else False
+
+    @property
+    def expansion_reread_share(self) -> float:
+        """Under batch expansion, what a copy's KV read costs as a share of a first read (the
+        framework's ``reread_share``; 1 in profiles written before it was recorded)."""
+        fw = self.environment.get("framework")
+        return float(fw.get("reread_share", 1.0)) if isinstance(fw, dict) else 1.0
 
     def drafter(self, name: str) -> DrafterEntry:
         for d in self.drafters:

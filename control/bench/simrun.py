@@ -91,7 +91,8 @@ class SimSetup:
         return SimConfig(max_batch=self.max_batch or lim.max_batch, kv_tokens=lim.kv_tokens or (1 << 40),
                          token_budget=lim.token_budget or 8192, max_k=self.max_k,
                          chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed,
-                         verify_expansion=self.expands_verify, host_token_ms=self.host_token_ms,
+                         verify_expansion=self.expands_verify, reread_share=self.profile.expansion_reread_share,
+                         host_token_ms=self.host_token_ms,
                          output_async=bool(self._framework.get("async_output", False)),
                          draft_step_prep_ms=self.draft_step_prep_ms)
 

@@ -50,6 +50,13 @@ BW_DERATE = _REF.measured_bw_tbs / _REF.mem_bw_tbs
 FLOPS_DERATE = _REF.measured_bf16_tflops / _REF.bf16_tflops
 
 
+# Batch expansion's copies of a request read its KV blocks while they are in L2: on an H100 a decode
+# attention kernel in FlashAttention's grid order (sequences before heads, a KV head's query heads in
+# one block) paid 0.36 of the copies' HBM time (0.13 / 0.30 / 0.38 at k = 1 / 3 / 7; five model shapes,
+# batch 16-128, context 350 and 1024; benchmarks/verify_reread.py, docs/validation.md). Used for every SKU.
+REREAD_SHARE = 0.36
+
+
 @dataclass(frozen=True, slots=True)
 class Framework:
     """What the serving framework adds to the hardware's roofline.
@@ -61,6 +68,8 @@ class Framework:
     verify_expansion: the verification pass scores k + 1 tokens per request by batch expansion (each
         request becomes k + 1 single-token sequences, each reading its own copy of the request's KV),
         instead of one multi-token query over the KV read once.
+    reread_share: under batch expansion, what a copy's KV read costs as a share of a read from HBM
+        (the copies of a request run side by side and read its blocks through L2).
     host_seq_us: host time per sequence in a target pass (scheduling, input preparation), serial
         with the GPU; with batch expansion every expanded sequence counts. Becomes the target's
         per-request term ``d``.
@@ -80,6 +89,7 @@ class Framework:
     attention_efficiency: float
     note: str = ""
     verify_expansion: bool = False
+    reread_share: float = REREAD_SHARE
     host_seq_us: float = 0.0
     host_token_us: float = 0.0
     draft_host_prep: bool = False
@@ -528,11 +538,13 @@ class StepTimes:
     def target_ms(self, batch, ctx, tokens_per_request=1):
         """GPU time of one target pass computing ``tokens_per_request`` tokens for each of ``batch``
         requests; with batch expansion each of the t tokens reads its own copy of the request's KV
-        (ctx + its offset). Host time is not included."""
+        (ctx + its offset), copies after the first at the framework's re-read share. Host time is not
+        included."""
         t = np.asarray(tokens_per_request, dtype=np.float64)
         per_req = np.asarray(ctx, dtype=np.float64)
-        if self._rf.framework.verify_expansion:
-            per_req = per_req * t + t * (t - 1) / 2
+        fw = self._rf.framework
+        if fw.verify_expansion:
+            per_req = per_req + fw.reread_share * (per_req * (t - 1) + t * (t - 1) / 2)
         return self._rf.forward_ms(np.asarray(batch) * per_req, np.asarray(batch) * t, t)
 
     def draft_ms(self, batch, ctx):

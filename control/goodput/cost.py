@@ -5,7 +5,8 @@ N_ctx is the number of KV tokens read in the pass (sum of the context lengths), 
 number of tokens computed in the pass, N_req the number of requests in it. A target that verifies by
 batch expansion (``expanded``: vLLM's scorer of 2024) turns each verified draft token into a sequence
 of its own over its request's KV, so verifying k tokens of a request with context s adds
-sum_{j=1..k} (a (s + j) + d); ``control.goodput.stepcost`` charges it as the simulator does. Times are in
+sum_{j=1..k} (a' (s + j) + d), with a' = a x ``reread_share`` (the copies read KV that the request's
+first sequence has just brought into L2); ``control.goodput.stepcost`` charges it as the simulator does. Times are in
 milliseconds. The per-request term is for executors whose pass time grows with the requests rather
 than their tokens: the reference executor on a GPU runs attention and the cache writes once per
 request per layer from Python, and there a pass of the 8B target costs 5-6 ms per request
@@ -41,12 +42,20 @@ class LinearCost:
     resid_std_ms: float = 0.0
     d: float = 0.0  # ms per request in the pass
     expanded: bool = False  # verification by batch expansion: each verified draft token is a sequence
+    reread_share: float = 1.0  # under expansion, a copy's KV read as a share of a first read (a' = a x this)
 
     def __post_init__(self) -> None:
         for name in ("a", "b", "c", "resid_std_ms", "d"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"cost coefficient {name} = {v!r}: must be a finite number >= 0")
+        if not (isinstance(self.reread_share, int | float) and 0.0 <= self.reread_share <= 1.0):
+            raise ConfigError(f"reread_share = {self.reread_share!r}: must be a number in [0, 1]")
+
+    @property
+    def a_reread(self) -> float:
+        """ms per KV token an expanded sequence reads (batch expansion's copies after the first)."""
+        return self.a * self.reread_share
 
     def predict(self, n_ctx, n_batched, passes=1, requests=None):
         """Vectorised: time in ms of ``passes`` passes reading ``n_ctx`` and computing ``n_batched`` tokens
@@ -60,7 +69,7 @@ class LinearCost:
 
     def scaled(self, factor: float) -> LinearCost:
         return LinearCost(self.a * factor, self.b * factor, self.c * factor, self.r2, self.mape, self.resid_std_ms * factor,
-                          self.d * factor, self.expanded)
+                          self.d * factor, self.expanded, self.reread_share)
 
     def per_token_draft(self) -> LinearCost:
         """This model for one-token passes (a draft model's): d folded into b."""
@@ -227,5 +236,5 @@ class RecursiveCost:
             a=float(a), b=float(b), c=float(c),
             r2=self._prior.r2, mape=float(self._abs_pct) if self.n else self._prior.mape,
             resid_std_ms=float(math.sqrt(self._sq_err)) if self.n else self._prior.resid_std_ms,
-            d=self._prior.d, expanded=self._prior.expanded,
+            d=self._prior.d, expanded=self._prior.expanded, reread_share=self._prior.reread_share,
         )

@@ -492,7 +492,8 @@ def _admit_one(cost, ctx: np.ndarray, surv: np.ndarray, cap: int, cons: Constrai
     plain = float(t_plain.predict(ctx0, 1.0, 1, 1)) + cost.overhead_ms
     if cap <= 0:
         return Choice(np.zeros(1, dtype=np.int64), 1.0, plain, plain)
-    vb, va = (t_plain.b, 0.0) if not t_plain.expanded else (t_plain.b + t_plain.d + t_plain.a * (ctx0 + 1.0), t_plain.a)
+    ar = t_plain.a_reread
+    vb, va = (t_plain.b, 0.0) if not t_plain.expanded else (t_plain.b + t_plain.d + ar * (ctx0 + 1.0), ar)
     if d.has_passes:
         m = d.model
         base = vb + m.b + m.a * float(d.draft_ctx(ctx[:1])[0])

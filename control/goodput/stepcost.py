@@ -9,8 +9,9 @@ T_step = T_draft + T_verify + overhead, where (DESIGN.md section 4):
   where it pads or verifies per batch, the tokens its target really computes (``verify``,
   ``control.goodput.granularity``): n (K + 1) under padding to the static max K. A target that
   verifies by batch expansion (``LinearCost.expanded``) also reads request r's KV once per verified
-  draft token j = 1..k_r (context ctx_r + j) and pays its per-request term d for each: the verify
-  slot j of a request costs b + d + a (ctx + j) instead of b (``verify_slots``).
+  draft token j = 1..k_r (context ctx_r + j, at the re-read price a' = a x ``reread_share``) and pays
+  its per-request term d for each: the verify slot j of a request costs b + d + a' (ctx + j) instead
+  of b (``verify_slots``).
 A request whose draft state lags the target by L tokens re-prefills them in its first draft pass
 (catch-up), which adds L batched tokens to that pass.
 
@@ -150,7 +151,7 @@ class StepCostModel:
         t = self.target
         if not t.expanded:
             return np.full(ctx.shape[0], t.b), 0.0
-        return t.b + t.d + t.a * (np.asarray(ctx, dtype=np.float64) + 1.0), t.a
+        return t.b + t.d + t.a_reread * (np.asarray(ctx, dtype=np.float64) + 1.0), t.a_reread
 
     def catch_up_ms_per_token(self) -> np.ndarray:
         """(m,) each drafter's draft-model ms per context token caught up (0: no model)."""
@@ -191,8 +192,8 @@ class StepCostModel:
 
 def expansion_ms(target: LinearCost, ctx, k):
     """What batch expansion adds, per request, to verifying ``k`` draft tokens at context ``ctx``:
-    sum over j = 1..k of a (ctx + j) + d (elementwise; broadcasts)."""
-    return target.a * (k * ctx + 0.5 * k * (k + 1.0)) + target.d * k
+    sum over j = 1..k of a' (ctx + j) + d, a' the re-read price (elementwise; broadcasts)."""
+    return target.a_reread * (k * ctx + 0.5 * k * (k + 1.0)) + target.d * k
 
 
 def uniform_step_ms(cost: StepCostModel, batch, ctx, k, drafter: int = 0):

@@ -315,14 +315,16 @@ def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_on
     np.testing.assert_allclose(many.conf[0].n, one.conf[0].n, rtol=1e-12)
 
 
-def test_refit_under_batch_expansion_learns_the_costs_the_model_charges():
+@pytest.mark.parametrize("share", [1.0, 0.36])
+def test_refit_under_batch_expansion_learns_the_costs_the_model_charges(share):
     """A target that verifies by batch expansion, on a machine 1.5x slower than its profile: the refit
     fed the passes' measured times predicts them at other batches, contexts and depths, instead of
-    folding the expansion's extra sequences into the price of a token."""
+    folding the expansion's extra sequences into the price of a token. With copies reading the KV at
+    a share of a first read's price (through L2), the refit learns that price too."""
     from dataclasses import replace
 
     base = _ctx().cost
-    cost = replace(base, target=replace(base.target, a=2e-4, d=0.05, expanded=True))
+    cost = replace(base, target=replace(base.target, a=2e-4, d=0.05, expanded=True, reread_share=share))
     refit = CostRefit(cost)
     rng = np.random.default_rng(0)
     rebuilt = None

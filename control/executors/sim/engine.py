@@ -26,7 +26,7 @@ drafter can propose (``ReplayAcceptance.limit``: n-gram lookup may find fewer th
 Times: T_fwd from the profile's linear models (target: one verify pass over sum ctx and
 sum (k + 1) tokens plus any prefill tokens, where an engine that verifies by batch expansion
 (``SimConfig.verify_expansion``, vLLM's scorer of 2024) reads each request's KV once per verified
-token as well; drafts: one pass per draft depth), optionally multiplied
+token as well, at ``SimConfig.reread_share`` of a first read's price; drafts: one pass per draft depth), optionally multiplied
 by lognormal noise whose spread is the fit's mean absolute error. Acceptance comes from
 ``AcceptanceProcess``; with a fixed seed the whole run is deterministic.
 
@@ -74,6 +74,7 @@ class SimConfig:
     seed: int = 0
     record_series: bool = True
     verify_expansion: bool = False  # verification by batch expansion: k + 1 KV reads per request
+    reread_share: float = 1.0  # under expansion, a copy's KV read as a share of a first read (through L2)
     host_token_ms: float = 0.0  # host time per generated token (output processing), serial with the GPU
     verify: VerifyGranularity = PER_REQUEST  # what the simulated target verifies (padded: K + 1 whatever k)
     prefill_one_drafter: bool = False  # draft prefill for Decision.prefill_drafter only (reference executor)
@@ -517,7 +518,7 @@ class SimEngine:
         v_seqs = n + chunks
         if cfg.verify_expansion and sp.vsum:
             # each verified token is its own sequence over the request's KV up to its position
-            v_ctx += float((sp.verified * ctx).sum() + (sp.verified * (sp.verified + 1)).sum() / 2)
+            v_ctx += cfg.reread_share * float((sp.verified * ctx).sum() + (sp.verified * (sp.verified + 1)).sum() / 2)
             v_seqs += sp.vsum
         v_tok = n + sp.vsum if cfg.verify.per_request else int(cfg.verify.verified_tokens(sp.k).sum())
         t_verify = self.cost.target.predict(v_ctx, float(v_tok + ch_tok), 1, v_seqs) + self.cost.overhead_ms

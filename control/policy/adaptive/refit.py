@@ -30,6 +30,7 @@ class CostRefit:
     def __init__(self, cost: StepCostModel) -> None:
         self.rls_target = RecursiveCost(cost.target)
         self.expanded = cost.target.expanded  # verification by batch expansion (fit its extra sequences)
+        self.reread_share = cost.target.reread_share  # what those sequences' KV reads cost, per token of a
         self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in cost.drafters]
         self.prices = DraftPrices(np.array([d.model is not None for d in cost.drafters], dtype=bool))
         self.loop = LoopOverhead()
@@ -50,7 +51,7 @@ class CostRefit:
                 verified = float(verify.verified_tokens(outcome.verified).sum())  # padding included
             ctx_feature, seqs = float(ctx_sum), float(outcome.n)
             if self.expanded and verify.per_request:
-                ctx_feature, seqs = _expanded_features(outcome, ctx_feature, seqs)
+                ctx_feature, seqs = _expanded_features(outcome, ctx_feature, seqs, self.reread_share)
             self.rls_target.update(ctx_feature + outcome.prefill_ctx_tokens,
                                    verified + outcome.prefill_tokens, outcome.verify_ms, 1.0, seqs)
         used = d_ctx[:1] if uniform and (spec[0] if one else spec.any()) else drafters_in(d_ctx[spec])
@@ -99,11 +100,12 @@ class CostRefit:
         return StepCostModel(target, drafters, base.overhead_ms + per_step, verify)
 
 
-def _expanded_features(outcome: StepOutcome, ctx_sum: float, n: float) -> tuple[float, float]:
+def _expanded_features(outcome: StepOutcome, ctx_sum: float, n: float, share: float) -> tuple[float, float]:
     """Under batch expansion each verified draft token j = 1..v of a request is a sequence of its own
-    over ctx + j KV tokens (``stepcost.expansion_ms``): the pass's context feature gains
-    sum(v * ctx + v (v + 1) / 2) and its sequence count sum(v), so the fit learns the same a and d the
-    cost model charges instead of folding the expansion into b and charging it twice."""
+    over ctx + j KV tokens read at ``share`` of a's price (``stepcost.expansion_ms``): the pass's
+    context feature gains share * sum(v * ctx + v (v + 1) / 2) and its sequence count sum(v), so the fit
+    learns the same a and d the cost model charges instead of folding the expansion into b and
+    charging it twice."""
     v = outcome.verified.astype(np.float64)  # (n,) draft tokens verified per request
     ctx = outcome.ctx_lens.astype(np.float64)  # (n,)
-    return ctx_sum + float((v * ctx).sum() + 0.5 * (v * (v + 1.0)).sum()), n + float(v.sum())
+    return ctx_sum + share * float((v * ctx).sum() + 0.5 * (v * (v + 1.0)).sum()), n + float(v.sum())
