@@ -190,7 +190,12 @@ class Profile(BaseModel):
         """Under batch expansion, what a copy's KV read costs as a share of a first read (the
         framework's ``reread_share``; 1 in profiles written before it was recorded)."""
         fw = self.environment.get("framework")
-        return float(fw.get("reread_share", 1.0)) if isinstance(fw, dict) else 1.0
+        share = fw.get("reread_share", 1.0) if isinstance(fw, dict) else 1.0
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
+            raise ConfigError(f"profile environment.framework.reread_share = {share!r}: must be a number in "
+                              "[0, 1] (the share of an HBM read a batch-expansion copy pays); rebuild the "
+                              "profile with `specctl roofline` or fix the value")
+        return float(share)
 
     def drafter(self, name: str) -> DrafterEntry:
         for d in self.drafters:

@@ -6,9 +6,9 @@ number of tokens computed in the pass, N_req the number of requests in it. A tar
 batch expansion (``expanded``: vLLM's scorer of 2024) turns each verified draft token into a sequence
 of its own over its request's KV, so verifying k tokens of a request with context s adds
 sum_{j=1..k} (a' (s + j) + d), with a' = a x ``reread_share`` (the copies read KV that the request's
-first sequence has just brought into L2); ``control.goodput.stepcost`` charges it as the simulator does. Times are in
-milliseconds. The per-request term is for executors whose pass time grows with the requests rather
-than their tokens: the reference executor on a GPU runs attention and the cache writes once per
+first sequence has just brought into L2); ``control.goodput.stepcost`` charges it as the simulator
+does. Times are in milliseconds. The per-request term is for executors whose pass time grows with
+the requests rather than their tokens: the reference executor on a GPU runs attention and the cache writes once per
 request per layer from Python, and there a pass of the 8B target costs 5-6 ms per request
 whether it verifies 1 token or 8 (``docs/gpu.md``). Fitted for targets only, where verification
 varies the tokens per request; for a draft pass (one token per request) d and b cannot be told

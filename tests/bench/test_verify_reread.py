@@ -65,3 +65,17 @@ def test_without_triton_or_a_gpu_it_says_what_it_needs():
                        text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2
     assert "Triton" in r.stderr or "CUDA" in r.stderr
+
+
+def test_the_roofline_share_is_the_stored_h100_measurement():
+    """REREAD_SHARE is the pooled fit of the H100 run kept in profiles/h100/verify_reread.json
+    (FlashAttention's grid order, bandwidth-bound cells); the share grows with the copies."""
+    import json
+
+    from control.buildsys.roofline import REREAD_SHARE
+
+    rows = json.loads((ROOT / "profiles" / "h100" / "verify_reread.json").read_text())["reread"]
+    share, cells = vr.reread_share(rows, "packed")
+    assert cells >= 60 and abs(share - REREAD_SHARE) < 0.01
+    by_k = [vr.reread_share(rows, "packed", k)[0] for k in (1, 3, 7)]
+    assert by_k == sorted(by_k) and by_k[0] < 0.2 < by_k[2] < 0.5

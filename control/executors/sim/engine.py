@@ -26,8 +26,8 @@ drafter can propose (``ReplayAcceptance.limit``: n-gram lookup may find fewer th
 Times: T_fwd from the profile's linear models (target: one verify pass over sum ctx and
 sum (k + 1) tokens plus any prefill tokens, where an engine that verifies by batch expansion
 (``SimConfig.verify_expansion``, vLLM's scorer of 2024) reads each request's KV once per verified
-token as well, at ``SimConfig.reread_share`` of a first read's price; drafts: one pass per draft depth), optionally multiplied
-by lognormal noise whose spread is the fit's mean absolute error. Acceptance comes from
+token as well, at ``SimConfig.reread_share`` of a first read's price; drafts: one pass per draft
+depth), optionally multiplied by lognormal noise whose spread is the fit's mean absolute error. Acceptance comes from
 ``AcceptanceProcess``; with a fixed seed the whole run is deterministic.
 
 A run's state is a few small objects (``state.py``: the slot table, the KV ledger, the clock, the

@@ -228,3 +228,11 @@ def test_the_policy_prices_batch_expansion_as_the_simulator_charges_it(monkeypat
     vb, va = cost.verify_slots(ctx)
     slots = sum(vb[i] + va * j for i in range(2) for j in range(k[i]))
     assert cost.plain_ms(ctx) + slots == pytest.approx(cost.verify_ms(ctx, k), rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", ["most", -0.1, 1.5, True])
+def test_a_profile_with_a_bad_reread_share_says_which_value_and_what_is_accepted(bad):
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm")
+    prof.environment["framework"]["reread_share"] = bad
+    with pytest.raises(ConfigError, match=r"reread_share = .*must be a number in \[0, 1\]"):
+        prof.step_cost()
