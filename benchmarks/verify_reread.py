@@ -279,13 +279,34 @@ def gemm_rows(triton, shapes, tokens, dev="cuda"):
     return rows
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: {flag} {text!r}: expected comma-separated positive integers") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"error: {flag} {text!r}: expected comma-separated positive integers")
+    return values
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cuda: the measurements; cpu: the kernel check only (needs TRITON_INTERPRET=1)")
     ap.add_argument("--quick", action="store_true", help="a small grid (a minute)")
+    ap.add_argument("--batches", help="comma-separated batch sizes (default 16,64,128)")
+    ap.add_argument("--ctxs", help="comma-separated context lengths (default 350,1024)")
+    ap.add_argument("--ks", help="comma-separated draft lengths (default 1,3,7)")
+    ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM sweep")
     ap.add_argument("--json", type=Path, help="write every row here")
     args = ap.parse_args(argv)
+    grid = dict(batches=[16, 64], ctxs=[350], ks=[1, 3, 7]) if args.quick else \
+        dict(batches=[16, 64, 128], ctxs=[350, 1024], ks=[1, 3, 7])
+    for name in ("batches", "ctxs", "ks"):
+        if getattr(args, name):
+            grid[name] = _int_list(getattr(args, name), f"--{name}")
+    tokens = [1, 16, 64, 128, 256, 512, 1024] if args.quick else \
+        [1, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
     try:
         kernels, triton = _triton_kernel()
     except ImportError as exc:
@@ -304,15 +325,13 @@ def main(argv=None) -> int:
         return 0
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     shapes = [Shape.of(m, tp) for m, tp in SHAPES]
-    grid = dict(batches=[16, 64], ctxs=[350], ks=[1, 3, 7]) if args.quick else \
-        dict(batches=[16, 64, 128], ctxs=[350, 1024], ks=[1, 3, 7])
-    tokens = [1, 16, 64, 128, 256, 512, 1024] if args.quick else \
-        [1, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
     t0 = time.perf_counter()
     print("KV re-reads (attention, one layer):", flush=True)
     rr = reread_rows(kernels, triton, shapes, **grid)
-    print("GEMMs (one layer):", flush=True)
-    gm = gemm_rows(triton, shapes, tokens)
+    gm = []
+    if not args.no_gemm:
+        print("GEMMs (one layer):", flush=True)
+        gm = gemm_rows(triton, shapes, tokens)
     print(f"done in {time.perf_counter() - t0:.0f} s\nShare of the re-reads' HBM time paid (cells at >= {BOUND_TBS} TB/s):")
     for name in kernels:
         by_k = ", ".join("k {} {:.2f} ({} cells)".format(k, *reread_share(rr, name, k)) for k in grid["ks"])

@@ -79,3 +79,9 @@ def test_the_roofline_share_is_the_stored_h100_measurement():
     assert cells >= 60 and abs(share - REREAD_SHARE) < 0.01
     by_k = [vr.reread_share(rows, "packed", k)[0] for k in (1, 3, 7)]
     assert by_k == sorted(by_k) and by_k[0] < 0.2 < by_k[2] < 0.5
+
+
+def test_a_bad_grid_is_refused_by_name():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verify_reread.py"), "--ks", "1,x"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode != 0 and "--ks '1,x'" in r.stderr and "positive integers" in r.stderr
