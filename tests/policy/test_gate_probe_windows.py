@@ -111,3 +111,36 @@ def test_without_a_rise_the_gate_stays_off_after_the_window():
         step += 1
         _open(stage, ctx, n, step, 0.05)
     assert not _open(stage, ctx, n, step + 1, 0.05) and not stage.gate.on
+
+
+def test_while_the_gate_is_off_the_pooled_evidence_ages_back_to_the_prior():
+    """A gate closed on poor acceptance sees nothing while it is off but its probes. The pooled rates
+    must age with those steps as they do with drafting ones: frozen at the closing rate, a prompt
+    mix whose acceptance rose during a busy phase (an H100 trace: 0.35 while light, 0.9 while busy)
+    kept the gate shut through every busy phase, 1.22x the latency of a fixed k = 2."""
+    from control.policy import StepOutcome, build_policy
+
+    plan = compile_plan(make_profile(target=(2e-5, 0.2, 4.0), acceptance={"draft": 0.8, "ngram": 0.4}),
+                        max_k=K, drafters=["draft"])
+    pol = build_policy("adaptive", plan)
+    prior = pol.pooled_rate(0)
+    n = 8
+    for step in range(1, 200):  # every draft rejected: the pooled rate falls
+        view = _view(n, step)
+        d = pol.decide(view)
+        pol.observe(StepOutcome(slots=view.slots, request_ids=view.request_ids, drafter=np.zeros(n, dtype=np.int64),
+                                ctx_lens=view.ctx_lens, drafted=d.k, verified=d.k, accepted=np.zeros(n, dtype=np.int64),
+                                verify_ms=8.0, draft_ms=1.0, total_ms=9.0, draft_passes=int(d.k.max(initial=0)),
+                                step=step))
+    pol.flush()
+    low = pol.pooled_rate(0)
+    assert low < prior - 0.3
+    pol.gate_stage.gate.retune(1)  # closed above one request
+    reopened = None
+    for step in range(200, 3000):  # no outcomes reach the policy (probe windows open now and then)
+        pol.decide(_view(n, step))
+        if pol.gate_stage.gate.on:
+            reopened = step
+            break
+    # the evidence aged towards the prior until the pooled rate paid again at this batch
+    assert reopened is not None and pol.pooled_rate(0) > 2 * low

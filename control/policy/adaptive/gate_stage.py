@@ -19,6 +19,8 @@ steps through: their first (a full decision) drafts one token for up to ``PROBE_
 requests with the least draft lag (if the probed step meets the SLO), and the held decisions repeat
 it for the window. The window's steps are no evidence for closing; at its end b_off is re-derived
 from the pooled rates that now include the probes, and the gate reopens if they pay at this batch.
+The off steps age the pooled evidence as drafting steps do (``AcceptanceModel.age_pooled``), so a
+few probes are not outweighed by what was learned before the gate closed.
 A window that leaves the gate off doubles the interval to the next one, up to 2^``PROBE_BACKOFF``
 times ``probe_every``, until the gate is on again (past the crossover the windows only cost).
 """

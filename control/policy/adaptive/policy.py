@@ -216,6 +216,7 @@ class AdaptivePolicy(BasePolicy):
         n = view.n
         if not self.gate_stage.open(view, self.ctx.plan, self._cost, self.ctx.max_k, self._runnable(), self.pooled_rate):
             self.held.invalidate()
+            self.acceptance.age_pooled(1)  # nothing drafts while the gate is off; the evidence still ages
             return Decision(np.zeros(n, dtype=I64), np.full(n, self.default_exec_drafter(), dtype=I64),
                             prefill_draft=False)
         if not self.verify.per_request:  # the target pads drafts or verifies per batch

@@ -35,10 +35,11 @@ from control.policy.types import StepOutcome, StepView
 
 CATEGORIES = 8  # category slots of the pooled per-category rates
 # per-step decay of every drafter's pooled per-position counts, drafted with or not (each step that
-# learned anything): a memory of ~200 drafting steps, so a prompt mix whose acceptance moved is learned
-# within a few gate probe windows (0.999 kept ~1,000 steps' counts and let the gate reopen only minutes
-# into a high-acceptance phase; docs/validation.md), and a drafter the bandit stopped drawing after an
-# unlucky start drifts back to its prior and is drawn again (docs/validation.md, "The full pair's replay")
+# learned anything, and each step the gate kept off): a memory of ~200 steps, so a prompt mix whose
+# acceptance moved is learned within a few gate probe windows (0.999 kept ~1,000 steps' counts and let
+# the gate reopen only minutes into a high-acceptance phase; docs/validation.md), and a drafter the
+# bandit stopped drawing after an unlucky start drifts back to its prior and is drawn again
+# (docs/validation.md, "The full pair's replay")
 POSITION_DECAY = 0.995
 # per-step decay of every lookup proposal length's counts, drafted on or not (half-life 32 steps): an
 # n-gram lookup's acceptance moves with the request's output (the full CPU pair's 8-token lookups: 16%
@@ -182,6 +183,12 @@ class AcceptanceModel:
             self._calibrate_rows(rows)
         if self.by_avail and rows.col("avail") is not None:
             self._lookup_rows(rows)
+
+    def age_pooled(self, steps: int) -> None:
+        """``steps`` steps passed in which nothing drafted (the gate off): every drafter's pooled
+        per-position evidence decays as if it had been a learning step."""
+        for pr in self.pos:
+            pr.age(steps)
 
     def _age_idle(self, steps: int, active: int) -> None:
         """Every drafter but ``active`` learned nothing for ``steps`` learning steps: its evidence decays."""
