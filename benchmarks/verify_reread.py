@@ -213,22 +213,21 @@ def _bench_ms(fn, triton) -> float:
 
 
 def reread_rows(kernels, triton, shapes, batches, ctxs, ks, device="cuda"):
+    """One row per (kernel, shape, context, batch, k): the three layouts' times and the share paid."""
     rows = []
-    for (kname, attend), sh in itertools.product(kernels.items(), shapes):
-        for ctx in ctxs:
-            for b in batches:
-                plain = _attn_ms(attend, triton, sh, b, ctx, 1, True, device)
-                for k in ks:
-                    shared = _attn_ms(attend, triton, sh, b, ctx, k + 1, True, device)
-                    distinct = _attn_ms(attend, triton, sh, b, ctx, k + 1, False, device)
-                    extra = distinct["ms"] - plain["ms"]
-                    paid = (shared["ms"] - plain["ms"]) / extra if extra > 0 else float("nan")
-                    rows.append(dict(kernel=kname, shape=sh.name, ctx=ctx, batch=b, k=k, plain_ms=plain["ms"], shared_ms=shared["ms"],
-                                     distinct_ms=distinct["ms"], paid=paid, plain_tbs=plain["tbs"],
-                                     distinct_tbs=distinct["tbs"]))
-                    print(f"  {kname} {sh.name} ctx {ctx} batch {b} k {k}: plain {plain['ms']:.3f} shared {shared['ms']:.3f} "
-                          f"distinct {distinct['ms']:.3f} ms, paid {paid:.2f}, HBM {distinct['tbs']:.2f} TB/s",
-                          flush=True)
+    for (kname, attend), sh, ctx, b in itertools.product(kernels.items(), shapes, ctxs, batches):
+        plain = _attn_ms(attend, triton, sh, b, ctx, 1, True, device)
+        for k in ks:
+            shared = _attn_ms(attend, triton, sh, b, ctx, k + 1, True, device)
+            distinct = _attn_ms(attend, triton, sh, b, ctx, k + 1, False, device)
+            extra = distinct["ms"] - plain["ms"]
+            paid = (shared["ms"] - plain["ms"]) / extra if extra > 0 else float("nan")
+            rows.append(dict(kernel=kname, shape=sh.name, ctx=ctx, batch=b, k=k, plain_ms=plain["ms"],
+                             shared_ms=shared["ms"], distinct_ms=distinct["ms"], paid=paid,
+                             plain_tbs=plain["tbs"], distinct_tbs=distinct["tbs"]))
+            print(f"  {kname} {sh.name} ctx {ctx} batch {b} k {k}: plain {plain['ms']:.3f} "
+                  f"shared {shared['ms']:.3f} distinct {distinct['ms']:.3f} ms, paid {paid:.2f}, "
+                  f"HBM {distinct['tbs']:.2f} TB/s", flush=True)
     return rows
 
 
