@@ -25,6 +25,9 @@ class GpuSku:
     interconnect_gbs: float  # per-GPU all-reduce bandwidth (NVLink, or PCIe)
     measured_bw_tbs: float | None = None  # device-to-device copy, bytes read + written
     measured_bf16_tflops: float | None = None  # large bf16 matmul
+    # batch expansion's copies of a request: the share of their KV's HBM read time they pay, reading
+    # it through L2 (benchmarks/verify_reread.py, FlashAttention's grid order; docs/validation.md)
+    measured_reread_share: float | None = None
 
     @property
     def supports_fp8(self) -> bool:
@@ -38,8 +41,9 @@ class GpuSku:
 SKUS: dict[str, GpuSku] = {
     s.name: s
     for s in (
-        GpuSku("h100", "hopper", 90, 80, 3.35, 989, 1979, None, 450, measured_bw_tbs=3.0, measured_bf16_tflops=800),
-        GpuSku("h200", "hopper", 90, 141, 4.8, 989, 1979, None, 450),
+        GpuSku("h100", "hopper", 90, 80, 3.35, 989, 1979, None, 450, measured_bw_tbs=3.0, measured_bf16_tflops=800,
+               measured_reread_share=0.36),
+        GpuSku("h200", "hopper", 90, 141, 4.8, 989, 1979, None, 450, measured_reread_share=0.64),
         GpuSku("b200", "blackwell", 100, 180, 8.0, 2250, 4500, 9000, 900),
         GpuSku("a100", "ampere", 80, 80, 2.04, 312, None, None, 300),
         GpuSku("l40s", "ada", 89, 48, 0.864, 362, 733, None, 32),

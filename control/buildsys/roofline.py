@@ -50,11 +50,11 @@ BW_DERATE = _REF.measured_bw_tbs / _REF.mem_bw_tbs
 FLOPS_DERATE = _REF.measured_bf16_tflops / _REF.bf16_tflops
 
 
-# Batch expansion's copies of a request read its KV blocks while they are in L2: on an H100 a decode
-# attention kernel in FlashAttention's grid order (sequences before heads, a KV head's query heads in
-# one block) paid 0.36 of the copies' HBM time (0.13 / 0.30 / 0.38 at k = 1 / 3 / 7; five model shapes,
-# batch 16-128, context 350 and 1024; benchmarks/verify_reread.py, docs/validation.md). Used for every SKU.
-REREAD_SHARE = 0.36
+# Batch expansion's copies of a request read its KV blocks while they are in L2, so they pay a share
+# of an HBM read, bounded by L2's bandwidth: on an H100 0.36 (0.13 / 0.30 / 0.38 at k = 1 / 3 / 7), on
+# an H200, whose HBM is faster and L2 not, 0.64 (benchmarks/verify_reread.py, docs/validation.md).
+# A SKU without a measurement takes the H100's.
+REREAD_SHARE = _REF.measured_reread_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,8 @@ class Framework:
         request becomes k + 1 single-token sequences, each reading its own copy of the request's KV),
         instead of one multi-token query over the KV read once.
     reread_share: under batch expansion, what a copy's KV read costs as a share of a read from HBM
-        (the copies of a request run side by side and read its blocks through L2).
+        (the copies of a request run side by side and read its blocks through L2); None: the SKU's
+        measured share (``reread_share_on``).
     host_seq_us: host time per sequence in a target pass (scheduling, input preparation), serial
         with the GPU; with batch expansion every expanded sequence counts. Becomes the target's
         per-request term ``d``.
@@ -89,7 +90,7 @@ class Framework:
     attention_efficiency: float
     note: str = ""
     verify_expansion: bool = False
-    reread_share: float = REREAD_SHARE
+    reread_share: float | None = None
     host_seq_us: float = 0.0
     host_token_us: float = 0.0
     draft_host_prep: bool = False
@@ -155,6 +156,14 @@ FRAMEWORKS: dict[str, Framework] = {
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )
 }
+
+
+def reread_share_on(fw: Framework, gpu: GpuSku) -> float:
+    """The share of an HBM read a batch-expansion copy pays: the framework's, else the SKU's measured
+    one, else the H100's."""
+    if fw.reread_share is not None:
+        return fw.reread_share
+    return gpu.measured_reread_share if gpu.measured_reread_share is not None else REREAD_SHARE
 
 
 def get_framework(name: str | Framework) -> Framework:
@@ -372,6 +381,7 @@ def roofline_profile(
         command: the command line that produced the profile, recorded in ``environment``.
     """
     gpu, fw, tshape = _check_request(sku, target, drafts, tp, framework, ngram_ms)
+    fw = replace(fw, reread_share=reread_share_on(fw, gpu))  # recorded in the profile's framework
     wbytes = 1.0 if fp8 else 2.0
     ceil = Ceilings.of(gpu, fp8)
     tcost = ModelCost.of(tshape, tp, wbytes, wbytes)
@@ -530,6 +540,7 @@ class StepTimes:
     def __post_init__(self) -> None:
         gpu = get_sku(self.sku)
         fw = get_framework(self.framework)
+        fw = replace(fw, reread_share=reread_share_on(fw, gpu))
         ceil = Ceilings.of(gpu)
         self._rf = Roofline(gpu, ModelCost.of(get_model(self.target), self.tp), fw, ceil)
         if self.draft:

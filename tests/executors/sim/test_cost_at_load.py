@@ -9,7 +9,7 @@ import pytest
 from control.bench.acceptance import AcceptanceTable
 from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_at
 from control.bench.workloads import poisson
-from control.buildsys.catalog import get_model
+from control.buildsys.catalog import get_model, get_sku
 from control.buildsys.roofline import StepTimes, get_framework, roofline_profile, scaled_framework
 from control.errors import ConfigError
 from control.executors.sim import SimConfig
@@ -61,6 +61,9 @@ def test_expanded_copies_read_the_kv_at_the_measured_share():
     assert prof.expansion_reread_share == REREAD_SHARE
     assert prof.step_cost().target.reread_share == REREAD_SHARE
     assert SimSetup(prof, poisson(10, 1.0), table=FIXED_07).config(0).reread_share == REREAD_SHARE
+    # the share is the SKU's where measured (an H200's HBM is faster, its L2 not), else the H100's
+    h200 = roofline_profile("h200", "llama-2-7b", ["llama-160m"], framework="vllm")
+    assert h200.expansion_reread_share == get_sku("h200").measured_reread_share > REREAD_SHARE
     # a profile written before the share was recorded keeps charging full reads
     del prof.environment["framework"]["reread_share"]
     assert prof.expansion_reread_share == 1.0 and prof.step_cost().target.reread_share == 1.0
