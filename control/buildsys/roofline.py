@@ -70,7 +70,7 @@ class Framework:
         instead of one multi-token query over the KV read once.
     reread_share: under batch expansion, what a copy's KV read costs as a share of a read from HBM
         (the copies of a request run side by side and read its blocks through L2); None: the SKU's
-        measured share (``reread_share_on``).
+        measured share (``on_sku``).
     host_seq_us: host time per sequence in a target pass (scheduling, input preparation), serial
         with the GPU; with batch expansion every expanded sequence counts. Becomes the target's
         per-request term ``d``.
@@ -158,12 +158,13 @@ FRAMEWORKS: dict[str, Framework] = {
 }
 
 
-def reread_share_on(fw: Framework, gpu: GpuSku) -> float:
-    """The share of an HBM read a batch-expansion copy pays: the framework's, else the SKU's measured
-    one, else the H100's."""
+def on_sku(fw: Framework, gpu: GpuSku) -> Framework:
+    """``fw`` with the share of an HBM read a batch-expansion copy pays resolved: the framework's own,
+    else the SKU's measured one, else the H100's."""
     if fw.reread_share is not None:
-        return fw.reread_share
-    return gpu.measured_reread_share if gpu.measured_reread_share is not None else REREAD_SHARE
+        return fw
+    share = gpu.measured_reread_share if gpu.measured_reread_share is not None else REREAD_SHARE
+    return replace(fw, reread_share=share)
 
 
 def get_framework(name: str | Framework) -> Framework:
@@ -381,7 +382,7 @@ def roofline_profile(
         command: the command line that produced the profile, recorded in ``environment``.
     """
     gpu, fw, tshape = _check_request(sku, target, drafts, tp, framework, ngram_ms)
-    fw = replace(fw, reread_share=reread_share_on(fw, gpu))  # recorded in the profile's framework
+    fw = on_sku(fw, gpu)  # its re-read share is recorded in the profile's framework
     wbytes = 1.0 if fp8 else 2.0
     ceil = Ceilings.of(gpu, fp8)
     tcost = ModelCost.of(tshape, tp, wbytes, wbytes)
@@ -539,8 +540,7 @@ class StepTimes:
 
     def __post_init__(self) -> None:
         gpu = get_sku(self.sku)
-        fw = get_framework(self.framework)
-        fw = replace(fw, reread_share=reread_share_on(fw, gpu))
+        fw = on_sku(get_framework(self.framework), gpu)
         ceil = Ceilings.of(gpu)
         self._rf = Roofline(gpu, ModelCost.of(get_model(self.target), self.tp), fw, ceil)
         if self.draft:

@@ -25,8 +25,8 @@ step charges it again, while the request's weight (its pace at k = 0 is one toke
 until it drafts deep to repay the charge. So a lagging request the charged optimiser gives no tokens
 is decided once more with its catch-up as if paid, where its remaining life can repay it (its
 share per step left b_d lag_r (1 + P_r(cap_r)) / remaining_r <= G P_r(cap_r), G the step's goodput):
-it drafts when it would in sync. While the bandit explores, a request may sit on a drafter for one chunk only, and the
-charge decides alone.
+it drafts when it would in sync. While the bandit explores, a request may sit on a drafter for one
+chunk only, and the charge decides alone.
 
 n-gram lookups (``StepPlan.lookup_curves``, the view's ``ngram_avail`` a_r): a request on a draft model
 that the optimiser gives no tokens (its passes do not pay for it) still drafts by lookup when that

@@ -30,7 +30,7 @@ class CostRefit:
     def __init__(self, cost: StepCostModel) -> None:
         self.rls_target = RecursiveCost(cost.target)
         self.expanded = cost.target.expanded  # verification by batch expansion (fit its extra sequences)
-        self.reread_share = cost.target.reread_share  # what those sequences' KV reads cost, per token of a
+        self.reread_share = cost.target.reread_share  # those sequences' KV reads, as a share of a's price
         self.rls_draft = [RecursiveCost(d.model) if d.model is not None else None for d in cost.drafters]
         self.prices = DraftPrices(np.array([d.model is not None for d in cost.drafters], dtype=bool))
         self.loop = LoopOverhead()
