@@ -158,6 +158,10 @@ class Profile(BaseModel):
         for k in self.acceptance:
             if k not in names:
                 raise ValueError(f"acceptance given for unknown drafter '{k}' (drafters: {', '.join(names)})")
+        try:  # a hand-edited share fails at load, naming the file, not at the first step
+            _reread_share(self.environment)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
         return self
 
     # -- derived --------------------------------------------------------------------------------
@@ -189,13 +193,7 @@ class Profile(BaseModel):
     def expansion_reread_share(self) -> float:
         """Under batch expansion, what a copy's KV read costs as a share of a first read (the
         framework's ``reread_share``; 1 in profiles written before it was recorded)."""
-        fw = self.environment.get("framework")
-        share = fw.get("reread_share", 1.0) if isinstance(fw, dict) else 1.0
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
-            raise ConfigError(f"profile environment.framework.reread_share = {share!r}: must be a number in "
-                              "[0, 1] (the share of an HBM read a batch-expansion copy pays); rebuild the "
-                              "profile with `specctl roofline` or fix the value")
-        return float(share)
+        return _reread_share(self.environment)
 
     def drafter(self, name: str) -> DrafterEntry:
         for d in self.drafters:
@@ -216,6 +214,17 @@ class Profile(BaseModel):
         tmp.write_text(self.to_yaml())
         tmp.replace(path)
         return path
+
+
+def _reread_share(environment: dict) -> float:
+    """``environment.framework.reread_share`` (1 where absent), or a ConfigError naming a bad value."""
+    fw = environment.get("framework")
+    share = fw.get("reread_share", 1.0) if isinstance(fw, dict) else 1.0
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
+        raise ConfigError(f"environment.framework.reread_share = {share!r}: must be a number in [0, 1] (the "
+                          "share of an HBM read a batch-expansion copy pays); rebuild the profile with "
+                          "`specctl roofline` or fix the value")
+    return float(share)
 
 
 def parse_profile(data: Any, where: str = "profile") -> Profile:

@@ -234,8 +234,15 @@ def test_the_policy_prices_batch_expansion_as_the_simulator_charges_it(monkeypat
 
 
 @pytest.mark.parametrize("bad", ["most", -0.1, 1.5, True])
-def test_a_profile_with_a_bad_reread_share_says_which_value_and_what_is_accepted(bad):
+def test_a_profile_with_a_bad_reread_share_says_which_value_and_what_is_accepted(bad, tmp_path):
+    """A hand-edited share fails where the file is loaded, naming the file, the value and the range."""
+    from control.profile import load_profile
+
     prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm")
     prof.environment["framework"]["reread_share"] = bad
+    path = tmp_path / "p.yaml"
+    path.write_text(prof.to_yaml())
+    with pytest.raises(ConfigError, match=r"p.yaml.*reread_share = .*must be a number in \[0, 1\]"):
+        load_profile(path)
     with pytest.raises(ConfigError, match=r"reread_share = .*must be a number in \[0, 1\]"):
         prof.step_cost()
