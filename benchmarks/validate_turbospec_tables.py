@@ -22,6 +22,7 @@ inputs.
 
     python benchmarks/validate_turbospec_tables.py [--requests 1000] [--seeds 1] [--rows l40s-7b-sharegpt,...]
         [--framework vllm-0.6|vllm|vllm-mqa] [--verify framework|expansion|mqa]
+        [--draft-host-prep framework|on|off|split] [--host-scale X]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ from control.errors import ConfigError  # noqa: E402
 CONFIGS = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7")
 LABELS = ("Org", "k=1", "k=3", "k=5", "k=7")
 TS = "TS"  # the turbospec policy, against the paper's TurboSpec column
-DRAFT_HOST_PREP = {"framework": None, "on": True, "off": False}
+DRAFT_HOST_PREP = {"framework": None, "on": True, "off": False, "split": None}
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,14 @@ def markdown(results: list[tuple[Row, dict, dict]]) -> str:
     return "\n".join(lines)
 
 
+def row_framework(fw: Framework, row: Row, draft_host_prep: str) -> Framework:
+    """The framework row ``row`` runs on: ``fw``, except that ``--draft-host-prep split`` prepares every
+    draft pass on the host where the target is split over GPUs. vLLM 0.6 splits the draft as the target
+    unless ``speculative_draft_tensor_parallel_size`` says 1, and only an unsplit draft gets the runner
+    that advances passes 2..k on the GPU (``TP1DraftModelRunner``); TurboSpec does not say which it ran."""
+    return replace(fw, draft_host_prep=row.tp > 1) if draft_host_prep == "split" else fw
+
+
 def ts_ratio(lat: dict, i: int) -> float:
     """TurboSpec's latency over the best static configuration (Org or a fixed k) at QPS index i."""
     return lat[TS][i] / min(lat[lab][i] for lab in LABELS)
@@ -219,9 +228,11 @@ def main() -> None:
     ap.add_argument("--framework", default="vllm-0.6", help="roofline framework (control/buildsys/roofline.py FRAMEWORKS)")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiply the framework's host time per sequence and per token (sensitivity)")
-    ap.add_argument("--draft-host-prep", choices=("framework", "on", "off"), default="framework",
+    ap.add_argument("--draft-host-prep", choices=tuple(DRAFT_HOST_PREP), default="framework",
                     help="host input preparation (per sequence) on every draft pass: as the framework has it, "
-                         "or forced (sensitivity)")
+                         "forced on or off, or 'split': on for the rows whose target is split over GPUs "
+                         "(vLLM 0.6 splits the draft as the target unless told otherwise, and prepares every pass "
+                         "of a split draft on the host; sensitivity)")
     ap.add_argument("--rows", default=",".join(r.key for r in ROWS))
     ap.add_argument("--verify", choices=("framework", "expansion", "mqa"), default="framework",
                     help="verification as the framework does it (vLLM: batch expansion), or forced either way")
@@ -240,7 +251,7 @@ def main() -> None:
     for row in ROWS:
         if row.key not in want:
             continue
-        sim = simulate(row, args.requests, args.seeds, fw, expansion)
+        sim = simulate(row, args.requests, args.seeds, row_framework(fw, row, args.draft_host_prep), expansion)
         cmp = compare(row, sim)
         results.append((row, sim, cmp))
         print(f"{row.key}: crossover paper {cmp['crossover_paper']} sim {cmp['crossover_sim']}", flush=True)

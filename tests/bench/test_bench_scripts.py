@@ -126,6 +126,25 @@ def test_validation_scripts_print_the_paper_tables(tmp_path):
     assert '"fixed:5"' in r.stdout.splitlines()[-1]
 
 
+def test_turbospec_split_draft_prepares_every_pass_on_the_host_only_where_the_target_is_split(monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("validate_turbospec_tables",
+                                                  ROOT / "benchmarks" / "validate_turbospec_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    from control.buildsys.roofline import get_framework
+
+    fw = get_framework("vllm-0.6")
+    rows = {r.key: r for r in mod.ROWS}
+    split = {key: mod.row_framework(fw, row, "split").draft_host_prep for key, row in rows.items()}
+    assert split["h100x4-70b-sonnet"] and split["h100x2-33b-sharegpt"]
+    assert not split["l40s-7b-sharegpt"] and not split["l40s-13b-sonnet"]
+    assert mod.row_framework(fw, rows["h100x4-70b-sonnet"], "framework") is fw
+
+
 def test_steady_bar_reads_the_best_fixed_k_and_the_crossover(tmp_path):
     assert _script("steady_bar.py", "--help", cwd=tmp_path).returncode == 0
     import importlib.util
