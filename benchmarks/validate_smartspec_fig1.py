@@ -2,10 +2,10 @@
 
 SmartSpec reports that fixed k = 5 stops paying at about 12 req/s and k = 3 starts to hurt at
 about 16 req/s (speedup = mean latency without speculation / with). This script sweeps the request
-rate on a roofline profile of that pair (framework: vLLM, which SmartSpec ran on) and prints where
-each k's speedup crosses 1.
+rate on a roofline profile of that pair (framework ``vllm-0.5``: the vLLM SmartSpec ran on, June 2024,
+which prepared every draft pass on the host) and prints where each k's speedup crosses 1.
 
-    python benchmarks/validate_smartspec_fig1.py [--framework vllm|vllm-mqa] [--host-scale 1] [--requests 1000]
+    python benchmarks/validate_smartspec_fig1.py [--framework vllm-0.5|vllm|vllm-mqa] [--host-scale 1] [--requests 1000]
         [--seeds 2] [--rates 4,8,12,16,20,24,28,32] [--json out.json]
 """
 
@@ -36,7 +36,7 @@ TABLE = AcceptanceTable({
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--framework", default="vllm")
+    ap.add_argument("--framework", default="vllm-0.5", help="roofline framework (control/buildsys/roofline.py FRAMEWORKS)")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiply the framework's host time per sequence and per token (sensitivity)")
     ap.add_argument("--draft-host-prep", choices=("framework", "on", "off"), default="framework",

@@ -6,7 +6,7 @@ Poisson arrivals and greedy sampling. For every draft-model row we can model (Sh
 the PLD rows draft on the CPU, which we have no cost figure for) this script builds a roofline
 profile of the pair with the framework constants of the vLLM TurboSpec ran (``vllm-0.6``: batch-expansion
 verification, async output processing without speculation only, host preparation of each step's
-first draft pass; ``--framework vllm`` for SmartSpec's mid-2024 vLLM),
+first draft pass; ``--framework vllm`` for mid-2024 vLLM's terms),
 draws lengths from Table 2 (lognormal with the table's mean and deviation), fixes the token
 acceptance at Table 3's rate, simulates Org (k = 0) and k = 1, 3, 5, 7 at the table's QPS, and
 compares with the paper:

@@ -125,11 +125,20 @@ FRAMEWORKS: dict[str, Framework] = {
                   "vLLM (Python scheduler and sampler per step, CUDA graphs for decode, NCCL/custom all-reduce; "
                   "speculative verification by batch expansion)", verify_expansion=True,
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
+        # vLLM as SmartSpec ran it (arXiv 2406.14066v2, 25 June 2024): ``vllm`` with every draft pass
+        # prepared on the host. Until the draft runner advanced passes 2..k on the GPU (vLLM PR 6338,
+        # "draft_model_runner: Implement prepare_inputs on GPU for advance_step", mid-July 2024),
+        # MultiStepWorker ran the worker's execute_model once per proposal step, each preparing its
+        # inputs on the CPU.
+        Framework("vllm-0.5", 0.8, 3.0, 15.0, 0.80,
+                  "vLLM before July 2024, as SmartSpec ran it: as vllm, with every draft pass prepared on the host",
+                  verify_expansion=True, host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US,
+                  draft_host_prep=True),
         # Later vLLM releases score proposals with MQAScorer (vllm/spec_decode/mqa_scorer.py): one
         # multi-token query per request over its KV, as TensorRT-LLM does; host costs as above.
-        # Neither prepares draft passes on the host by default: vLLM's MultiStepWorker does so
-        # ("every step prepared on the CPU") only where its GPU multi-step path does not apply
-        # (``draft_host_prep``, for sensitivity runs).
+        # Neither prepares draft passes on the host by default: from mid-2024 vLLM's MultiStepWorker
+        # does so ("every step prepared on the CPU") only where its GPU multi-step path does not apply
+        # (``draft_host_prep``: ``vllm-0.5``, and sensitivity runs).
         Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
                   "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),

@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--draft", action="append", default=[], metavar="MODEL",
                    help="draft model or EAGLE head (repeat for several drafters)")
     p.add_argument("--tp", type=A.positive_int, default=1, help="tensor parallelism of the target (default 1)")
-    p.add_argument("--framework", default="trtllm", help="serving framework overheads: trtllm (default), vllm, gpt-fast")
+    p.add_argument("--framework", default="trtllm", help="serving framework overheads: trtllm (default), vllm, vllm-0.5, vllm-0.6, vllm-mqa, gpt-fast")
     p.add_argument("--fp8", action="store_true", help="fp8 weights and KV (Ada, Hopper, Blackwell)")
     p.add_argument("--max-batch", type=A.positive_int, default=256, help="largest batch (default 256)")
     p.add_argument("--token-budget", type=A.positive_int, default=8192, help="max tokens per pass (default 8192)")

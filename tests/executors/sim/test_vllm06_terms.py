@@ -39,7 +39,7 @@ def test_vllm06_is_vllm_plus_its_two_host_terms_and_carries_them_into_the_sim():
     assert cfg.host_token_ms == pytest.approx(fw.host_token_us / 1000.0)
     old = SimSetup(roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm"), poisson(10, 1.0),
                    table=FIXED_07).config(0)
-    assert not old.output_async and old.draft_step_prep_ms == 0.0  # SmartSpec's vLLM keeps its terms
+    assert not old.output_async and old.draft_step_prep_ms == 0.0  # mid-2024 vLLM keeps its terms
     with pytest.raises(ConfigError, match="draft_step_prep_ms"):
         SimConfig(draft_step_prep_ms=-0.1)
 

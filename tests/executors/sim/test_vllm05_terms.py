@@ -1,0 +1,44 @@
+"""vLLM as SmartSpec ran it (framework ``vllm-0.5``): every draft pass prepared on the host, which is
+what puts SmartSpec Fig. 1's crossovers where the paper has them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from control.bench.acceptance import AcceptanceTable
+from control.bench.simrun import SimSetup, run_policy, workload_at
+from control.bench.workloads import poisson
+from control.buildsys.roofline import get_framework, roofline_profile
+
+FIG1 = AcceptanceTable({
+    "schema": "specctl.acceptance/v1",
+    "families": {"chat": {"drafters": {"draft_model": {
+        "mean": 0.7, "concentration": 1e6, "decay": 1.0, "source": "SmartSpec Fig. 1: fixed 0.7"}}}},
+})
+
+
+def test_vllm05_is_vllm_with_every_draft_pass_prepared_on_the_host():
+    fw, later = get_framework("vllm-0.5"), get_framework("vllm")
+    assert fw.draft_host_prep and not later.draft_host_prep
+    assert (fw.verify_expansion, fw.host_seq_us, fw.host_token_us, fw.async_output) == (
+        later.verify_expansion, later.host_seq_us, later.host_token_us, later.async_output)
+    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm-0.5")
+    assert prof.models["llama-160m"].d_ms_per_request == pytest.approx(fw.host_seq_us / 1000.0)
+    assert roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm").models["llama-160m"].d_ms_per_request == 0.0
+
+
+def test_k5_stops_paying_by_12_req_s_only_when_every_draft_pass_is_host_prepared():
+    """SmartSpec Fig. 1: k = 5 stops paying at about 12 req/s. On ``vllm`` it still pays 1.1x there;
+    with the host preparation of each of its five draft passes it does not."""
+    base = poisson(400, 1.0, "128", "128", seed=0)
+
+    def speedup(fw: str) -> float:
+        setup = SimSetup(roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=fw), base, max_k=8,
+                         table=FIG1, max_batch=256)
+        w = workload_at(setup, 12.0, base.n, 0)
+        a, b = run_policy(setup, w, "none", 0), run_policy(setup, w, "fixed:5", 0)
+        return float(np.mean(a.finish_s - a.arrival_s) / np.mean(b.finish_s - b.arrival_s))
+
+    assert speedup("vllm") > 1.0
+    assert speedup("vllm-0.5") < 1.0
