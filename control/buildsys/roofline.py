@@ -81,6 +81,10 @@ class Framework:
         host (``host_seq_us`` per drafting sequence, once per step); later passes advance on the GPU.
     async_output: a deployment without speculation overlaps the per-token output processing
         (``host_token_us``) with the next pass; with a draft model configured it stays serial.
+    plain_chunk_budget: a deployment without a speculative model runs chunked prefill with this token
+        budget when its target's context exceeds ``LONG_CONTEXT_TOKENS``; with a draft model configured
+        prefills run in iterations of their own. 0: never. A roofline profile records it resolved for
+        its target (0 where the context is shorter).
     """
 
     name: str
@@ -96,9 +100,16 @@ class Framework:
     draft_host_prep: bool = False
     draft_step_host_prep: bool = False
     async_output: bool = False
+    plain_chunk_budget: int = 0
 
 
 VLLM_HOST_SEQ_US = 35.0
+# vLLM turns chunked prefill on by default for models of more than 32K tokens of context unless a
+# speculative model (or LoRA, prefix caching, ...) is configured (PR 6666, July 2024:
+# vllm/engine/arg_utils.py, use_long_context), with SchedulerConfig's default budget for chunked
+# prefill, 512 tokens ("the best balance between ITL and TTFT on A100").
+LONG_CONTEXT_TOKENS = 32768
+VLLM_CHUNK_BUDGET = 512
 TYPICAL_CTX = 1024  # the profile's typical context length (recorded in its grid)
 DRAFT_FIT_TOKENS = 2  # draft fits use grid points of at most this many tokens per request
 VLLM_HOST_TOKEN_US = 40.0
@@ -142,9 +153,11 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework("vllm-mqa", 0.8, 3.0, 15.0, 0.80,
                   "vLLM with multi-query scoring of proposals (MQAScorer); otherwise as vllm",
                   host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US),
-        # vLLM 0.6 (autumn 2024, when TurboSpec was written), as TurboSpec ran it: ``vllm`` plus two
+        # vLLM 0.6 (autumn 2024, when TurboSpec was written), as TurboSpec ran it: ``vllm`` plus three
         # terms from vLLM's source that treat a deployment with a draft model differently from one
         # without:
+        # - a model of more than 32K tokens of context (Llama-3.1-70B) gets chunked prefill with a
+        #   512-token budget by default, unless a speculative model is configured (``plain_chunk_budget``);
         # - async output processing (vLLM 0.6.0) hides the per-token output processing behind the
         #   next pass, but vllm/config.py switches it off when a speculative model is configured
         #   ("Async output processing is not supported with speculative decoding currently"): Org
@@ -157,10 +170,11 @@ FRAMEWORKS: dict[str, Framework] = {
         # on by default) and where the draft's max_model_len is below the target's (Llama-160M 2048,
         # Vicuna-7B/13B 4096).
         Framework("vllm-0.6", 0.8, 3.0, 15.0, 0.80,
-                  "vLLM 0.6 as TurboSpec ran it: as vllm, with async output processing without speculation "
-                  "only and the first draft pass of each step prepared on the host",
+                  "vLLM 0.6 as TurboSpec ran it: as vllm, with async output processing and, past 32K tokens of "
+                  "context, chunked prefill without speculation only, and the first draft pass of each step "
+                  "prepared on the host",
                   verify_expansion=True, host_seq_us=VLLM_HOST_SEQ_US, host_token_us=VLLM_HOST_TOKEN_US,
-                  draft_step_host_prep=True, async_output=True),
+                  draft_step_host_prep=True, async_output=True, plain_chunk_budget=VLLM_CHUNK_BUDGET),
         Framework("gpt-fast", 0.2, 3.0, 60.0, 0.85,
                   "gpt-fast (torch.compile + CUDA graphs; tensor parallelism through torch.distributed/NCCL)"),
     )
@@ -399,6 +413,8 @@ def roofline_profile(
     dcosts = [ModelCost.of(s, 1, wbytes, wbytes) for s in dshapes]
     kv_tokens = kv_capacity_tokens(gpu, [tcost, *dcosts], tp)
     max_ctx = int(max_ctx or min(tshape.max_position, 131072))
+    if fw.plain_chunk_budget and max_ctx <= LONG_CONTEXT_TOKENS:
+        fw = replace(fw, plain_chunk_budget=0)  # the default applies to long-context models only
     grid = grid or Grid()
     span = _FitSpan(max_batch, max_ctx, kv_tokens, token_budget, grid)
 

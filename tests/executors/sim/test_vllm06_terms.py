@@ -107,3 +107,28 @@ def test_vllm06_terms_make_k1_stop_paying_at_the_70b_knee_not_at_low_load():
     assert speedup("vllm", 16.0) > 1.1
     assert speedup("vllm-0.6", 16.0) < 1.0
     assert speedup("vllm-0.6", 4.0) > 1.3
+
+
+def test_only_a_plain_deployment_of_a_long_context_model_runs_chunked_prefill():
+    """vLLM 0.6 turns chunked prefill on (512-token budget) for a model of more than 32K tokens of
+    context unless a speculative model is configured: Org on Llama-3.1-70B mixes prompt chunks into its
+    decode steps, every speculative configuration (and Org on a 2K-context Vicuna) prefills in
+    iterations of its own."""
+    long = roofline_profile("h100", "llama-3.1-70b", ["llama-3.2-1b"], tp=4, framework="vllm-0.6")
+    short = roofline_profile("h100", "vicuna-33b", ["llama-160m"], tp=2, framework="vllm-0.6")
+    assert long.environment["framework"]["plain_chunk_budget"] == 512
+    assert short.environment["framework"]["plain_chunk_budget"] == 0
+    mid = roofline_profile("h100", "llama-3.1-70b", ["llama-3.2-1b"], tp=4, framework="vllm")
+    assert mid.environment["framework"]["plain_chunk_budget"] == 0
+    w = poisson(60, 4.0, "lognormal:517:10", "lognormal:135:18", seed=1)
+    setup = SimSetup(long, w, table=FIXED_07, max_batch=256)
+    plain, spec = setup.config(0, plain=True), setup.config(0)
+    assert (plain.chunked_prefill, plain.token_budget) == (True, 512)
+    assert not spec.chunked_prefill and spec.token_budget > 512
+    org, k1 = run_policy(setup, w, "none", 0), run_policy(setup, w, "fixed:1", 0)
+    short_org = run_policy(SimSetup(short, w, table=FIXED_07, max_batch=256), w, "none", 0)
+    # iterations that are not decode steps: chunked, only those with nothing decoding (an idle engine's
+    # first prompt); unchunked, about one prefill iteration per arrival
+    assert org.steps - org.decode_steps <= 0.1 * w.n
+    assert k1.steps - k1.decode_steps >= 0.5 * w.n
+    assert short_org.steps - short_org.decode_steps >= 0.5 * w.n
