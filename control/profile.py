@@ -158,8 +158,9 @@ class Profile(BaseModel):
         for k in self.acceptance:
             if k not in names:
                 raise ValueError(f"acceptance given for unknown drafter '{k}' (drafters: {', '.join(names)})")
-        try:  # a hand-edited share fails at load, naming the file, not at the first step
+        try:  # a hand-edited share or budget fails at load, naming the file, not at the first step
             _reread_share(self.environment)
+            _plain_chunk_budget(self.environment)
         except ConfigError as e:
             raise ValueError(str(e)) from None
         return self
@@ -195,6 +196,12 @@ class Profile(BaseModel):
         framework's ``reread_share``; 1 in profiles written before it was recorded)."""
         return _reread_share(self.environment)
 
+    @property
+    def plain_chunk_budget(self) -> int:
+        """The chunked-prefill token budget of a deployment without a speculative model (the
+        framework's ``plain_chunk_budget``; 0: it prefills as every other deployment does)."""
+        return _plain_chunk_budget(self.environment)
+
     def drafter(self, name: str) -> DrafterEntry:
         for d in self.drafters:
             if d.name == name:
@@ -225,6 +232,17 @@ def _reread_share(environment: dict) -> float:
                           "share of an HBM read a batch-expansion copy pays); rebuild the profile with "
                           "`specctl roofline` or fix the value")
     return float(share)
+
+
+def _plain_chunk_budget(environment: dict) -> int:
+    """``environment.framework.plain_chunk_budget`` (0 where absent), or a ConfigError naming a bad value."""
+    fw = environment.get("framework")
+    budget = fw.get("plain_chunk_budget", 0) if isinstance(fw, dict) else 0
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ConfigError(f"environment.framework.plain_chunk_budget = {budget!r}: must be an integer >= 0 (the "
+                          "chunked-prefill token budget of a deployment without speculation; 0: none); rebuild "
+                          "the profile with `specctl roofline` or fix the value")
+    return budget
 
 
 def parse_profile(data: Any, where: str = "profile") -> Profile:

@@ -90,7 +90,7 @@ class SimSetup:
         """The engine's configuration; ``plain``: for a deployment without a speculative model, which a
         framework may configure differently (chunked prefill, ``Framework.plain_chunk_budget``)."""
         lim = self.profile.limits
-        chunk = int(self._framework.get("plain_chunk_budget", 0)) if plain else 0
+        chunk = self.profile.plain_chunk_budget if plain else 0
         return SimConfig(max_batch=self.max_batch or lim.max_batch, kv_tokens=lim.kv_tokens or (1 << 40),
                          token_budget=chunk or lim.token_budget or 8192, max_k=self.max_k,
                          chunked_prefill=self.chunked_prefill or chunk > 0, noise=self.noise, seed=seed,
