@@ -233,16 +233,24 @@ def test_the_policy_prices_batch_expansion_as_the_simulator_charges_it(monkeypat
     assert cost.plain_ms(ctx) + slots == pytest.approx(cost.verify_ms(ctx, k), rel=1e-12)
 
 
-@pytest.mark.parametrize("bad", ["most", -0.1, 1.5, True])
-def test_a_profile_with_a_bad_reread_share_says_which_value_and_what_is_accepted(bad, tmp_path):
-    """A hand-edited share fails where the file is loaded, naming the file, the value and the range."""
+BAD_FRAMEWORK_VALUES = [  # (field, bad value, what the error says is accepted, what reads it later)
+    *[("reread_share", bad, r"must be a number in \[0, 1\]", lambda p: p.step_cost()) for bad in ("most", -0.1, 1.5, True)],
+    *[("plain_chunk_budget", bad, r"must be an integer >= 0", lambda p: SimSetup(p, poisson(4, 1.0)).config(0, plain=True))
+      for bad in ("512", -1, 1.5, True)],
+]
+
+
+@pytest.mark.parametrize("field,bad,accepted,use", BAD_FRAMEWORK_VALUES)
+def test_a_profile_with_a_bad_framework_value_says_which_value_and_what_is_accepted(field, bad, accepted, use, tmp_path):
+    """A hand-edited framework value fails where the file is loaded, naming the file, the value and what
+    is accepted, and so does a profile edited in memory where the value is read."""
     from control.profile import load_profile
 
-    prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework="vllm")
-    prof.environment["framework"]["reread_share"] = bad
+    prof = roofline_profile("h100", "llama-3.1-70b", ["llama-3.2-1b"], tp=4, framework="vllm-0.6")
+    prof.environment["framework"][field] = bad
     path = tmp_path / "p.yaml"
     path.write_text(prof.to_yaml())
-    with pytest.raises(ConfigError, match=r"p.yaml.*reread_share = .*must be a number in \[0, 1\]"):
+    with pytest.raises(ConfigError, match=rf"p.yaml.*{field} = .*{accepted}"):
         load_profile(path)
-    with pytest.raises(ConfigError, match=r"reread_share = .*must be a number in \[0, 1\]"):
-        prof.step_cost()
+    with pytest.raises(ConfigError, match=rf"{field} = .*{accepted}"):
+        use(prof)

@@ -6,16 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from control.bench.acceptance import AcceptanceTable
 from control.bench.simrun import SimSetup, run_policy, workload_at
 from control.bench.workloads import poisson
 from control.buildsys.roofline import get_framework, roofline_profile
-
-FIG1 = AcceptanceTable({
-    "schema": "specctl.acceptance/v1",
-    "families": {"chat": {"drafters": {"draft_model": {
-        "mean": 0.7, "concentration": 1e6, "decay": 1.0, "source": "SmartSpec Fig. 1: fixed 0.7"}}}},
-})
+from tests.executors.sim.test_vllm06_terms import FIXED_07 as FIG1  # SmartSpec Fig. 1 fixes acceptance at 0.7
 
 
 def test_vllm05_is_vllm_with_every_draft_pass_prepared_on_the_host():

@@ -133,17 +133,3 @@ def test_only_a_plain_deployment_of_a_long_context_model_runs_chunked_prefill():
     assert k1.steps - k1.decode_steps >= 0.5 * w.n
     assert short_org.steps - short_org.decode_steps >= 0.5 * w.n
 
-
-@pytest.mark.parametrize("bad", ["512", -1, 1.5, True])
-def test_a_profile_with_a_bad_plain_chunk_budget_says_which_value_and_what_is_accepted(bad, tmp_path):
-    """A hand-edited budget fails where the file is loaded, naming the file, the value and what is accepted."""
-    from control.profile import load_profile
-
-    prof = roofline_profile("h100", "llama-3.1-70b", ["llama-3.2-1b"], tp=4, framework="vllm-0.6")
-    prof.environment["framework"]["plain_chunk_budget"] = bad
-    path = tmp_path / "p.yaml"
-    path.write_text(prof.to_yaml())
-    with pytest.raises(ConfigError, match=r"p.yaml.*plain_chunk_budget = .*must be an integer >= 0"):
-        load_profile(path)
-    with pytest.raises(ConfigError, match=r"plain_chunk_budget = .*must be an integer >= 0"):
-        SimSetup(prof, poisson(4, 1.0), table=FIXED_07).config(0, plain=True)
