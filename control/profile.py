@@ -187,8 +187,7 @@ class Profile(BaseModel):
     @property
     def verifies_by_expansion(self) -> bool:
         """Whether the framework a roofline profile was built for verifies by batch expansion."""
-        fw = self.environment.get("framework")
-        return bool(fw.get("verify_expansion", False)) if isinstance(fw, dict) else False
+        return bool(_framework_value(self.environment, "verify_expansion", False))
 
     @property
     def expansion_reread_share(self) -> float:
@@ -223,10 +222,15 @@ class Profile(BaseModel):
         return path
 
 
+def _framework_value(environment: dict, key: str, default: Any) -> Any:
+    """``environment.framework[key]`` of a roofline profile, ``default`` where absent."""
+    fw = environment.get("framework")
+    return fw.get(key, default) if isinstance(fw, dict) else default
+
+
 def _reread_share(environment: dict) -> float:
     """``environment.framework.reread_share`` (1 where absent), or a ConfigError naming a bad value."""
-    fw = environment.get("framework")
-    share = fw.get("reread_share", 1.0) if isinstance(fw, dict) else 1.0
+    share = _framework_value(environment, "reread_share", 1.0)
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
         raise ConfigError(f"environment.framework.reread_share = {share!r}: must be a number in [0, 1] (the "
                           "share of an HBM read a batch-expansion copy pays); rebuild the profile with "
@@ -236,8 +240,7 @@ def _reread_share(environment: dict) -> float:
 
 def _plain_chunk_budget(environment: dict) -> int:
     """``environment.framework.plain_chunk_budget`` (0 where absent), or a ConfigError naming a bad value."""
-    fw = environment.get("framework")
-    budget = fw.get("plain_chunk_budget", 0) if isinstance(fw, dict) else 0
+    budget = _framework_value(environment, "plain_chunk_budget", 0)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ConfigError(f"environment.framework.plain_chunk_budget = {budget!r}: must be an integer >= 0 (the "
                           "chunked-prefill token budget of a deployment without speculation; 0: none); rebuild "

@@ -86,18 +86,15 @@ class SimSetup:
                                       reason="specctl sim")
         return self._plan
 
-    def config(self, seed: int, plain: bool = False) -> SimConfig:
-        """The engine's configuration; ``plain``: for a deployment without a speculative model, which a
-        framework may configure differently (chunked prefill, ``Framework.plain_chunk_budget``)."""
+    def config(self, seed: int) -> SimConfig:
         lim = self.profile.limits
-        chunk = self.profile.plain_chunk_budget if plain else 0
         return SimConfig(max_batch=self.max_batch or lim.max_batch, kv_tokens=lim.kv_tokens or (1 << 40),
-                         token_budget=chunk or lim.token_budget or 8192, max_k=self.max_k,
-                         chunked_prefill=self.chunked_prefill or chunk > 0, noise=self.noise, seed=seed,
+                         token_budget=lim.token_budget or 8192, max_k=self.max_k,
+                         chunked_prefill=self.chunked_prefill, noise=self.noise, seed=seed,
                          verify_expansion=self.expands_verify, reread_share=self.profile.expansion_reread_share,
                          host_token_ms=self.host_token_ms,
                          output_async=bool(self._framework.get("async_output", False)),
-                         draft_step_prep_ms=self.draft_step_prep_ms)
+                         draft_step_prep_ms=self.draft_step_prep_ms, plain_chunk_budget=self.profile.plain_chunk_budget)
 
     @property
     def _framework(self) -> dict:
@@ -149,7 +146,7 @@ def _simulate(setup: SimSetup, workload: Workload, spec: str, seed: int, price: 
     mape = {"target": setup.profile.models["target"].mape}
     prefill = tuple(setup.profile.models[e.model].to_cost() if e.model else None for e in setup.entries)
     engine = SimEngine(cost, tuple(setup.drafters), workload.arrival_s, workload.prompt_tokens,
-                       workload.output_tokens, proc, setup.config(seed, plain=parse_policy_spec(spec).name == "none"),
+                       workload.output_tokens, proc, setup.config(seed),
                        category=workload.category if workload.categories else None, mape=mape,
                        prefill_costs=prefill)
     policy = make_policy(spec, plan, engine, seed, price)

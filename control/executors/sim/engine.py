@@ -84,11 +84,16 @@ class SimConfig:
     # the pass's GPU time (vLLM 0.6's async output processing, off once a draft model is configured)
     output_async: bool = False
     draft_step_prep_ms: float = 0.0  # host time per drafting request, once per step (the first draft pass)
+    # a deployment without speculation (policy ``none``) runs chunked prefill with this token budget
+    # (vLLM 0.6 on a long-context model; off once a draft model is configured); 0: as every other run
+    plain_chunk_budget: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_tokens", "token_budget"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"sim {name} = {getattr(self, name)!r}: must be >= 1")
+        if self.plain_chunk_budget < 0:
+            raise ConfigError(f"sim plain_chunk_budget = {self.plain_chunk_budget!r}: must be >= 0 (0: none)")
         if not 0 <= self.max_k <= MAX_K:
             raise ConfigError(f"sim max_k = {self.max_k!r}: must be in 0..{MAX_K}")
         for name in ("host_token_ms", "draft_step_prep_ms"):
@@ -141,6 +146,8 @@ class _Run:
     has_prune: bool
     fast_plain: bool  # ``none`` without noise or padding: plain stretches run in closed form
     async_out: bool  # output processing overlaps the pass (SimConfig.output_async under ``none``)
+    chunked: bool  # prompts ride in decode steps (SimConfig.chunked_prefill, or plain_chunk_budget under ``none``)
+    budget: int  # tokens per pass (SimConfig.token_budget, or plain_chunk_budget under ``none``)
     zeros: np.ndarray  # (S,) shared zeros (never written)
     k_cap: np.ndarray  # (S,) max_k for every slot (StepView.k_cap)
     pmask: np.ndarray | None = None  # (m,) drafters that prefill new prompts (latest decision)
@@ -301,7 +308,7 @@ class SimEngine:
         under ``none`` runs in closed form up to the next completion or arrival)."""
         self._admit(r)
         r.slots.refresh()
-        if not self.cfg.chunked_prefill and r.slots.pending.size:
+        if not r.chunked and r.slots.pending.size:
             self._prefill_iteration(r)
         elif r.slots.dec.size or r.slots.pending.size:
             self._decode_iteration(r)
@@ -315,17 +322,20 @@ class SimEngine:
         first = np.full(N, np.nan)
         finish = np.full(N, np.nan)
         res = SimResult(self.arr, first, finish, self.P, self.O, policy=getattr(policy, "name", type(policy).__name__))
+        plain = isinstance(policy, NonePolicy)  # a deployment without speculation (SimConfig's plain terms)
+        chunk = cfg.plain_chunk_budget if plain else 0
         r = _Run(
             policy=policy, total=N, res=res, first=first, finish=finish,
             slots=SlotTable(S, len(self.drafters), self.cat), kv=KvLedger(cfg.kv_tokens), clock=Clock(),
             tally=Tally(max(cfg.max_k, 1), S, cfg.record_series),
             has_prune=callable(getattr(policy, "prune", None)),
-            fast_plain=isinstance(policy, NonePolicy) and not cfg.noise and not cfg.verify.always,
-            async_out=cfg.output_async and isinstance(policy, NonePolicy),
+            fast_plain=plain and not cfg.noise and not cfg.verify.always,
+            async_out=cfg.output_async and plain, chunked=cfg.chunked_prefill or chunk > 0,
+            budget=chunk or cfg.token_budget,
             zeros=np.zeros(S, dtype=I64), k_cap=np.full(S, cfg.max_k, dtype=I64),
         )
         self._slots = r.slots
-        init = policy.decide(self._empty_view(cfg.max_k, cfg, 0.0, 0, N))
+        init = policy.decide(self._empty_view(cfg.max_k, r.budget, cfg.kv_tokens, N))
         r.pmask = self._prefill_mask(init)
         return r
 
@@ -348,7 +358,7 @@ class SimEngine:
         cfg, sl, cost = self.cfg, r.slots, self.cost
         pending = sl.pending
         lens = self.P[sl.rid[pending]] - sl.pref[pending]  # (p,) prompt tokens left
-        take = int(np.searchsorted(np.cumsum(lens), cfg.token_budget, side="right"))
+        take = int(np.searchsorted(np.cumsum(lens), r.budget, side="right"))
         take = max(take, 1)
         chosen, clen = pending[:take], lens[:take]
         tok = int(clen.sum())
@@ -416,8 +426,8 @@ class SimEngine:
         return build_view(
             slots=dec, request_ids=rid, ctx_lens=ctx, remaining=rem, k_cap=r.k_cap[:n], drafter=sl.last[dec],
             draft_lag=sl.lag[dec] if self.drafters else None, free_kv_slots=r.kv.free,
-            token_budget=cfg.token_budget, max_k=cfg.max_k, drafters=self.drafters, now=r.clock.now,
-            step=r.clock.step, category=sl.cat_dec, prefill_tokens=min(pend_tokens, max(cfg.token_budget - n, 0)),
+            token_budget=r.budget, max_k=cfg.max_k, drafters=self.drafters, now=r.clock.now,
+            step=r.clock.step, category=sl.cat_dec, prefill_tokens=min(pend_tokens, max(r.budget - n, 0)),
             waiting=r.waiting, verify=cfg.verify, ngram_avail=self._ngram_avail(rid, gen0),
         )
 
@@ -493,9 +503,9 @@ class SimEngine:
         sl = r.slots
         pending = sl.pending
         none = np.zeros(0, dtype=I64)
-        if not (self.cfg.chunked_prefill and pending.size):
+        if not (r.chunked and pending.size):
             return none, none, 0
-        left = self.cfg.token_budget - decode_tokens
+        left = r.budget - decode_tokens
         if not (left > 0 or sl.dec.size == 0):
             return none, none, 0
         lens = self.P[sl.rid[pending]] - sl.pref[pending]  # (p,) prompt tokens left
@@ -589,10 +599,11 @@ class SimEngine:
         r.tally.add_series(r.clock.now, view.n, sp.ksum, int(sp.accepted.sum()), sp.vsum)
 
     # -- pieces of the loop ---------------------------------------------------------------------------
-    def _empty_view(self, K, cfg, now, step, waiting) -> StepView:
+    def _empty_view(self, K, budget, kv_tokens, waiting) -> StepView:
+        """The view of an empty batch the policy decides on before the first step."""
         z = np.zeros(0, dtype=I64)
         return build_view(slots=z, request_ids=z, ctx_lens=z, remaining=z, drafters=self.drafters, max_k=K,
-                          token_budget=cfg.token_budget, free_kv_slots=cfg.kv_tokens, now=now, step=step, waiting=waiting)
+                          token_budget=budget, free_kv_slots=kv_tokens, now=0.0, step=0, waiting=waiting)
 
     def _prefill_mask(self, decision: Decision) -> np.ndarray:
         """(m,) the drafters whose state this iteration's prompts prefill."""

@@ -235,7 +235,7 @@ def test_the_policy_prices_batch_expansion_as_the_simulator_charges_it(monkeypat
 
 BAD_FRAMEWORK_VALUES = [  # (field, bad value, what the error says is accepted, what reads it later)
     *[("reread_share", bad, r"must be a number in \[0, 1\]", lambda p: p.step_cost()) for bad in ("most", -0.1, 1.5, True)],
-    *[("plain_chunk_budget", bad, r"must be an integer >= 0", lambda p: SimSetup(p, poisson(4, 1.0)).config(0, plain=True))
+    *[("plain_chunk_budget", bad, r"must be an integer >= 0", lambda p: SimSetup(p, poisson(4, 1.0)).config(0))
       for bad in ("512", -1, 1.5, True)],
 ]
 

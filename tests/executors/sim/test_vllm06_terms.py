@@ -122,9 +122,8 @@ def test_only_a_plain_deployment_of_a_long_context_model_runs_chunked_prefill():
     assert mid.environment["framework"]["plain_chunk_budget"] == 0
     w = poisson(60, 4.0, "lognormal:517:10", "lognormal:135:18", seed=1)
     setup = SimSetup(long, w, table=FIXED_07, max_batch=256)
-    plain, spec = setup.config(0, plain=True), setup.config(0)
-    assert (plain.chunked_prefill, plain.token_budget) == (True, 512)
-    assert not spec.chunked_prefill and spec.token_budget > 512
+    cfg = setup.config(0)
+    assert cfg.plain_chunk_budget == 512 and not cfg.chunked_prefill and cfg.token_budget > 512
     org, k1 = run_policy(setup, w, "none", 0), run_policy(setup, w, "fixed:1", 0)
     short_org = run_policy(SimSetup(short, w, table=FIXED_07, max_batch=256), w, "none", 0)
     # iterations that are not decode steps: chunked, only those with nothing decoding (an idle engine's
@@ -132,4 +131,6 @@ def test_only_a_plain_deployment_of_a_long_context_model_runs_chunked_prefill():
     assert org.steps - org.decode_steps <= 0.1 * w.n
     assert k1.steps - k1.decode_steps >= 0.5 * w.n
     assert short_org.steps - short_org.decode_steps >= 0.5 * w.n
+    with pytest.raises(ConfigError, match="plain_chunk_budget"):
+        SimConfig(plain_chunk_budget=-1)
 
