@@ -24,6 +24,7 @@ from control.bench.acceptance import AcceptanceTable  # noqa: E402
 from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_at  # noqa: E402
 from control.bench.workloads import poisson  # noqa: E402
 from control.buildsys.roofline import roofline_profile, scaled_framework  # noqa: E402
+from control.errors import ConfigError  # noqa: E402
 
 DRAFT_HOST_PREP = {"framework": None, "on": True, "off": False}
 TABLE = AcceptanceTable({
@@ -47,11 +48,19 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
-    fw = scaled_framework(args.framework, args.host_scale, DRAFT_HOST_PREP[args.draft_host_prep])
+    try:
+        rates = [float(x) for x in args.rates.split(",")]
+    except ValueError:
+        raise SystemExit(f"--rates {args.rates!r}: expected comma-separated request rates (req/s), e.g. 4,8,12") from None
+    if min(rates) <= 0 or args.requests < 1 or args.seeds < 1:
+        raise SystemExit("--rates must be > 0, --requests and --seeds >= 1")
+    try:
+        fw = scaled_framework(args.framework, args.host_scale, DRAFT_HOST_PREP[args.draft_host_prep])
+    except ConfigError as e:
+        raise SystemExit(f"--framework/--host-scale: {e}") from None
     prof = roofline_profile("a100", "llama-2-7b", ["llama-160m"], framework=fw)
     base = poisson(args.requests, 1.0, "128", "128", seed=0)
     setup = SimSetup(prof, base, max_k=8, table=TABLE, max_batch=256)
-    rates = [float(x) for x in args.rates.split(",")]
     lat = {p: [] for p in ("none", "fixed:1", "fixed:3", "fixed:5")}
     for r in rates:
         for p in lat:

@@ -121,6 +121,9 @@ def test_validation_scripts_print_the_paper_tables(tmp_path):
     assert "crossover within 25%:" in r.stdout and "of the 4 cells where the paper crosses" in r.stdout
     r = _script("validate_turbospec_tables.py", "--rows", "nope", cwd=tmp_path)
     assert r.returncode != 0 and "--rows: unknown nope" in r.stderr
+    for bad, says in ((("--framework", "nope"), "unknown framework 'nope'"), (("--rates", "4,x"), "--rates '4,x'")):
+        r = _script("validate_smartspec_fig1.py", *bad, cwd=tmp_path)
+        assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _script("validate_smartspec_fig1.py", "--requests", "60", "--seeds", "1", "--rates", "4,16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert '"fixed:5"' in r.stdout.splitlines()[-1]
