@@ -189,11 +189,18 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, vocab: int |
             raise ConfigError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {vocab})")
     n = int(prompt.size)
     if max_len is not None and n + params.max_tokens > max_len:
-        raise ConfigError(
-            f"prompt of {n} tokens + max_tokens {params.max_tokens} exceeds the engine's max sequence length "
-            f"{max_len}; shorten the prompt or lower max_tokens (at most {max(max_len - n, 0)} here)"
-        )
+        raise ConfigError(f"prompt of {n} tokens + max_tokens {params.max_tokens} exceeds the engine's max sequence "
+                          f"length {max_len}; {_length_fix(n, params.max_tokens, max_len)}")
     return prompt.astype(np.int64)
+
+
+def _length_fix(n: int, max_tokens: int, max_len: int) -> str:
+    """What to change so that a prompt of ``n`` tokens and ``max_tokens`` fit in ``max_len``."""
+    if n < max_len:
+        return f"shorten the prompt or lower max_tokens (at most {max_len - n} here)"
+    if max_tokens < max_len:
+        return f"shorten the prompt to at most {max_len - max_tokens} tokens"
+    return f"shorten the prompt and lower max_tokens below {max_len}"
 
 
 def _int_in(name: str, v, lo: int, hi: int | None) -> None:

@@ -26,6 +26,10 @@ MAX_STOP_WORDS = 4  # as OpenAI
 MAX_SEED = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
 UNION_TAGS = frozenset({"int", "float", "str", "bool", "none"})
+# a union member's tag in pydantic's error locations, as the error names it to the user
+TAG_WORDS = {"str": "a string", "list[str]": "a list of strings", "list[constrained-int]": "a list of token ids",
+             "list[TextPart]": "a list of text parts", "int": "an integer", "float": "a number", "bool": "true or false",
+             "none": "null"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
 
 
@@ -168,6 +172,22 @@ def _is_branch(part) -> bool:
     return isinstance(part, str) and (part in UNION_TAGS or "[" in part)
 
 
+def _union_message(errors: list[dict], raw_loc: tuple, loc: str, shown: str) -> tuple[str, str]:
+    """A value no member of a union accepts: the member whose shape it has, where one of them failed
+    only on an item's value (``[-1]`` as token ids), else every member, in words. The ``param`` stays
+    the field's."""
+    field = raw_loc[:[i for i, p in enumerate(raw_loc) if _is_branch(p)][0]]  # the location up to the first tag
+    tried = [e for e in errors if tuple(e.get("loc", ()))[:len(field)] == field and len(e["loc"]) > len(field)
+             and _is_branch(e["loc"][len(field)])]
+    for e in tried:  # a member that took the shape and refused one item's value names that item
+        if len(e["loc"]) > len(field) + 1 and not str(e.get("type", "")).endswith("_type"):
+            where = ".".join(str(p) for p in e["loc"] if not _is_branch(p))
+            got = repr(e.get("input"))
+            return f"{where} = {got[:60]}: {e.get('msg', 'invalid').removeprefix('Value error, ')}", loc
+    tags = dict.fromkeys(str(e["loc"][len(field)]) for e in tried)
+    return f"{loc} = {shown}: wrong type; accepted: {' or '.join(TAG_WORDS.get(t, t) for t in tags)}", loc
+
+
 def validation_message(err) -> tuple[str, str | None]:
     """(one line naming the first bad field, its value and what is accepted; the field's name)."""
     errors = err.errors()
@@ -181,8 +201,6 @@ def validation_message(err) -> tuple[str, str | None]:
     if first.get("type") == "missing":
         return f"{loc} is required", loc
     if any(_is_branch(p) for p in raw_loc):
-        tags = [str(e["loc"][len(raw_loc) - 1]) for e in errors
-                if len(e.get("loc", ())) == len(raw_loc) and e["loc"][:len(raw_loc) - 1] == raw_loc[:-1]]
-        return f"{loc} = {shown}: wrong type; accepted: {' or '.join(dict.fromkeys(tags))}", loc
+        return _union_message(errors, raw_loc, loc, shown)
     msg = first.get("msg", "invalid").removeprefix("Value error, ")
     return (f"{loc} = {shown}: {msg}" if loc else msg), (loc or None)

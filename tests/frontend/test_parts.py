@@ -106,11 +106,23 @@ def test_token_counter_matches_the_model(quick_engines):
     ({"model": "llm", "prompt": "x", "seed": -1}, "seed = -1"),
     ({"prompt": "x"}, "model is required"),
     ({"model": "llm", "prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty = 0.5"),
+    # a union: the member whose shape the value has names the bad item; else every member, in words
+    ({"model": "llm", "prompt": [5, -1]}, "prompt.1 = -1: Input should be greater than or equal to 0"),
+    ({"model": "llm", "prompt": None}, "accepted: a string or a list of strings or a list of token ids"),
+    ({"model": "llm", "prompt": "x", "stop": [1]}, "stop = [1]: wrong type; accepted: a string or a list of strings"),
 ])
 def test_completion_validation_names_the_field(body, words):
     with pytest.raises(ValidationError) as e:
         CompletionRequest.model_validate_json(json.dumps(body))
     assert words in validation_message(e.value)[0]
+
+
+def test_chat_content_of_another_part_type_names_the_part():
+    body = {"model": "llm", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}
+    with pytest.raises(ValidationError) as e:
+        ChatRequest.model_validate_json(json.dumps(body))
+    assert validation_message(e.value) == ("messages.0.content.0.type = 'image_url': Input should be 'text'",
+                                           "messages.0.content")
 
 
 def test_chat_request_accepts_text_parts_and_max_completion_tokens():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -107,12 +109,15 @@ def test_cancel_ends_a_request_and_frees_its_kv():
     ([], None, "prompt is empty"),
     ([1, 40000], None, "prompt token id 40000 is outside the vocabulary [0, 32000)"),
     ([1], SamplingParams(max_tokens=0), "max_tokens = 0"),
-    ([1] * 100, SamplingParams(max_tokens=100), "exceeds the engine's max sequence length 150"),
+    ([1] * 100, SamplingParams(max_tokens=100), "exceeds the engine's max sequence length 150; shorten the prompt "
+     "or lower max_tokens (at most 50 here)"),
+    ([1] * 150, SamplingParams(max_tokens=10), "shorten the prompt to at most 140 tokens"),  # no max_tokens fits
+    ([1] * 200, SamplingParams(max_tokens=150), "shorten the prompt and lower max_tokens below 150"),
 ])
 def test_bad_requests_are_refused_naming_the_value(prompt, params, message):
     _, cost, proc, cfg = _parts(kv_tokens=150)
     ex = SimExecutor(cost, ("draft",), proc, cfg, capacity=N, policy=_policy())
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         ex.add_request(prompt, params)
     assert not ex.has_work()
 
