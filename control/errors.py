@@ -31,8 +31,13 @@ def describe_validation_error(what: str, err: Exception) -> str:
         items = errors()
         if items:
             first = items[0]
+            if first.get("type") == "json_invalid":  # FastAPI's: loc (body, character offset), no input
+                why = (first.get("ctx") or {}).get("error", "JSON decode error")
+                at = [p for p in first.get("loc", ()) if isinstance(p, int)]
+                where = f" at offset {at[-1]}" if at else ""
+                return f"{what}: not valid JSON ({why}{where})"
             loc = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
-            msg = first.get("msg", str(err))
+            msg = str(first.get("msg", err)).removeprefix("Value error, ")
             value = first.get("input")
             shown = repr(value)
             if len(shown) > 60:

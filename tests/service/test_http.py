@@ -81,7 +81,8 @@ def test_overrides_need_the_token(clean_service):
     ({"drafters": []}, 422, ["drafters", "at least 1"]),
     ({"force_off": "maybe"}, 422, ["force_off", "'maybe'"]),
     ({"max_k": 2, "unknown": 1}, 422, ["unknown", "Extra inputs are not permitted"]),
-    ("not json", 422, ["JSON"]),
+    ("not json", 422, ["PUT /v1/overrides: not valid JSON (Expecting value at offset 0)"]),
+    ('{"policy": "fixed:3",}', 422, ["not valid JSON", "at offset 21"]),
 ])
 def test_bad_overrides_get_one_line_errors(clean_service, body, status, words):
     c = httpx.Client(base_url=clean_service.url, timeout=5)
