@@ -83,6 +83,9 @@ def parse_policy_spec(text: str) -> PolicySpec:
     if len(text) > MAX_SPEC_CHARS:
         raise ConfigError(f"policy '{_short(text)}' is longer than {MAX_SPEC_CHARS} characters; accepted: {ACCEPTED}")
     text = text.strip()
+    if "@" in text:  # the replay tools' POLICY@DRAFTER shorthand is not a policy name
+        raise ConfigError(f"policy '{_short(text)}': a policy names no drafter; give '{_short(text.partition('@')[0])}' "
+                          "and choose drafters apart from it (a plan's or override's 'drafters' and 'default_drafter')")
     name, _, arg = text.partition(":")
     name = name.lower()
     if name not in NAMES:

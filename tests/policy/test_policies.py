@@ -72,6 +72,11 @@ def test_unknown_policy_names_are_rejected_with_the_accepted_list():
             parse_policy_spec(bad)
 
 
+def test_a_policy_with_a_drafter_attached_says_where_drafters_go():
+    with pytest.raises(ConfigError, match="policy 'fixed:3@draft-tiny': a policy names no drafter; give 'fixed:3'"):
+        parse_policy_spec("fixed:3@draft-tiny")
+
+
 def test_hf_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise(plan):
     pol = build_policy("hf-heuristic", plan)
     v = StepView.build(slots=[0, 1], request_ids=[1, 2], ctx_lens=[100, 100], remaining=[100, 100],
