@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from control.policyspec import DEFAULT_MAX_K, MAX_K_LIMIT
 
@@ -26,6 +28,34 @@ def nonnegative_int(text: str) -> int:
     if v < 0:
         raise argparse.ArgumentTypeError(f"{v} must be an integer >= 0")
     return v
+
+
+def output_file(text: str) -> str:
+    """A file the command will write when its work is done: checked before the work, so a long run does
+    not end in an error. Its folder is created; it must be writable, and the path not a folder."""
+    path = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the file name is empty")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name in it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = next((a for a in path.parents if a.exists() and not a.is_dir()), None)
+        why = f"'{blocker}' is a file" if blocker is not None else e.strerror
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot create its folder ({why}); "
+                                         "give a path in a writable folder") from None
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text!r} is not writable; give a path in a writable folder")
+        return text
+    try:  # a trial file: permission bits alone do not say (a root user, a special file system)
+        path.open("x").close()
+        path.unlink()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write there ({e.strerror}); "
+                                         "give a path in a writable folder") from None
+    return text
 
 
 ON_OFF = {"on": True, "off": False}

@@ -81,8 +81,8 @@ def register(sub) -> None:
     p.add_argument("--control-url", help="control-plane service (default http://HOST:8700)")
     p.add_argument("--token", help="control-plane token (default: SPECCTL_TOKEN)")
     add_load_args(p, requests=40, loads="0.25,0.5,0.8,1.1")
-    p.add_argument("--json", help="write the specctl.bench/v1 document here")
-    p.add_argument("--report", help="write a Markdown report here (plots next to it)")
+    p.add_argument("--json", type=A.output_file, help="write the specctl.bench/v1 document here")
+    p.add_argument("--report", type=A.output_file, help="write a Markdown report here (plots next to it)")
     p.set_defaults(run=run)
 
 
@@ -116,10 +116,16 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
 
     from control.bench.live import clear_overrides, make_requests, measure_capacity, run_once, switch_policy
     from control.bench.metrics import SLOTargets
-    from control.clients.triton import model_stats
+    from control.clients.triton import RequestError, model_stats
 
     console = console or Console(stderr=True)
-    model_stats(ep.http)  # fail fast, with the reason, if the server is not there
+    try:
+        model_stats(ep.http)  # fail fast, with the reason, if the server is not there
+    except RequestError as e:
+        if getattr(args, "http_url", None):
+            raise
+        raise RequestError(f"{e}; that is --url's host on port 8000 by default: pass --http-url where Triton's HTTP "
+                           "port is (specctl serve's --http-port)") from None
     slo = SLOTargets(ttft_s=args.slo_ttft_s, tpot_ms=args.slo_tpot_ms)
     reqs = make_requests(args.workload, args.requests, seed=args.seed, prompt_chars=args.prompt_chars,
                          max_tokens=args.max_tokens)

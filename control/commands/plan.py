@@ -25,7 +25,7 @@ def register(sub) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the plan as JSON")
     out.add_argument("--trtllm-schedule", action="store_true", help="print TensorRT-LLM's draft_len_schedule as JSON")
-    p.add_argument("--out", help="also write the plan (YAML) to this file")
+    p.add_argument("--out", type=A.output_file, help="also write the plan (YAML) to this file")
     p.set_defaults(run=run)
 
 

@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--random-weights", action="store_true", help="with --shape: random weights (timing only)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--sku", help="SKU the profile is for (default: cpu, or detected from the GPU's name)")
-    p.add_argument("--out", help="profile YAML to write (default profiles/<sku>/<pair>.yaml); the PNG and the "
+    p.add_argument("--out", type=A.output_file, help="profile YAML to write (default profiles/<sku>/<pair>.yaml); the PNG and the "
                                  "raw points (CSV) go next to it")
     p.add_argument("--batch", help="batch sizes, e.g. 1,2,4,8 (default: the device's grid)")
     p.add_argument("--ctx", help="context lengths, e.g. 32,128,512")
@@ -71,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
         for n in [args.shape, *(args.draft_shape or [])]:
             get_model(n)
     grid = _grid(args, args.device)
-    if args.out and os.path.isdir(args.out):
-        raise ConfigError(f"--out '{args.out}' is a directory; give the profile's file name, e.g. {args.out}/PAIR.yaml")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 

@@ -15,7 +15,7 @@ def register(sub) -> None:
                     "model's confidence per token. The record replays exactly in the simulator "
                     "(benchmarks/replay_bar.py, control/bench/replay.py).")
     p.add_argument("--engine-dir", required=True, help="engine directory (e.g. engines/cpu from `specctl build --sku cpu`)")
-    p.add_argument("--out", required=True, help="record to write (.npz)")
+    p.add_argument("--out", required=True, type=A.output_file, help="record to write (.npz)")
     p.add_argument("--prompts", type=A.positive_int, default=128, help="prompts drawn from the stdlib (default 128)")
     p.add_argument("--prompt-len", type=A.positive_int, default=64, help="prompt tokens (default 64)")
     p.add_argument("--max-tokens", type=A.positive_int, default=128, help="generated tokens per prompt (default 128)")

@@ -33,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--ngram-ms", type=A.positive_float, help="also offer an n-gram drafter costing this many ms per step")
     p.add_argument("--acceptance", type=_acceptance_pair, action="append", default=[], metavar="NAME=RATE",
                    help="acceptance prior for a drafter, recorded in the profile")
-    p.add_argument("--out", required=True, help="profile YAML to write (e.g. profiles/h100/llama-3.1-8b+llama-3.2-1b.yaml)")
+    p.add_argument("--out", required=True, type=A.output_file, help="profile YAML to write (e.g. profiles/h100/llama-3.1-8b+llama-3.2-1b.yaml)")
     p.set_defaults(run=run)
 
 

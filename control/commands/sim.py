@@ -98,8 +98,8 @@ def register(sub) -> None:
     p.add_argument("--slo-ttft-s", type=A.positive_float, default=2.0, help="TTFT target for SLO attainment (default 2 s)")
     p.add_argument("--slo-tpot-ms", type=A.positive_float, default=100.0, help="TPOT target (default 100 ms)")
     p.add_argument("--workers", type=A.positive_int, default=1, help="parallel processes (default 1)")
-    p.add_argument("--json", dest="json_out", help="write results (schema specctl.bench/v1) here")
-    p.add_argument("--report", help="write a Markdown report here (plots go next to it)")
+    p.add_argument("--json", dest="json_out", type=A.output_file, help="write results (schema specctl.bench/v1) here")
+    p.add_argument("--report", type=A.output_file, help="write a Markdown report here (plots go next to it)")
     p.add_argument("--series-policy", default="adaptive", help="policy whose run is plotted over time (default adaptive)")
     p.set_defaults(run=run)
 

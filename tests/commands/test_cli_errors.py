@@ -104,3 +104,35 @@ def test_build_refuses_an_engine_directory_it_cannot_create_before_training(tmp_
     assert r.returncode != 0 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot be created" in lines[0] and "is a file" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["sim", "--profile", "{good}", "--workload", "poisson", "--qps", "1", "--policies", "none", "--json", "{out}"], "--json"),
+    (["sim", "--profile", "{good}", "--workload", "poisson", "--qps", "1", "--policies", "none", "--report", "{out}"],
+     "--report"),
+    (["plan", "--profile", "{good}", "--out", "{out}"], "--out"),
+    (["roofline", "--sku", "h100", "--target", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--out", "{out}"], "--out"),
+    (["record-acceptance", "--engine-dir", "{tmp}", "--out", "{out}"], "--out"),
+    (["bench", "--url", "127.0.0.1:1", "--json", "{out}"], "--json"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path, good, capsys, argv, flag):
+    """Found by hand: `sim --json` and `record-acceptance --out` in a folder that cannot be written ran
+    their whole job, then ended in an internal error."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for out, words in ((blocker / "x.out", f"cannot create its folder ('{blocker}' is a file)"), (tmp_path, "is a folder; give a file name in it")):
+        args = [a.format(good=good, out=out, tmp=tmp_path) for a in argv]
+        with pytest.raises(SystemExit) as e:  # argparse refuses it before the command runs
+            main(args)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: " in err and words in err and "internal error" not in err, err
+
+
+def test_bench_without_a_server_names_the_http_endpoint_it_derived(capsys):
+    assert main(["bench", "--url", "127.0.0.1:1", "--loads", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach Triton at http://127.0.0.1:8000" in err and "pass --http-url" in err, err
+    assert main(["bench", "--url", "127.0.0.1:1", "--http-url", "http://127.0.0.1:1", "--loads", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach Triton at http://127.0.0.1:1" in err and "pass --http-url" not in err, err

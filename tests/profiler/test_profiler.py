@@ -108,14 +108,17 @@ def test_kv_budget_skips_points_that_would_not_fit():
     (["--engine-dir", "ENG", "--k", "-1"], "below 0"),
     (["--engine-dir", "ENG", "--device", "tpu"], "--device 'tpu'"),
     (["--engine-dir", "ENG", "--executor", "trtllm"], "--executor trtllm"),
-    (["--engine-dir", "ENG", "--out", "DIR"], "is a directory"),
+    (["--engine-dir", "ENG", "--out", "DIR"], "is a folder; give a file name in it"),
 ])
 def test_bad_input_is_one_line(argv, needle, quick_engines, tmp_path, capsys):
     subs = {"ENG": str(quick_engines), "MISSING": str(tmp_path / "nope"), "DIR": str(tmp_path)}
     argv = [subs.get(a, a) for a in argv]
     if "--out" not in argv:
         argv += ["--out", str(tmp_path / "p.yaml")]
-    rc = main(["profile", *argv])
+    try:
+        rc = main(["profile", *argv])
+    except SystemExit as e:  # argparse refuses it before the command runs
+        rc = e.code
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "p.yaml").exists()
