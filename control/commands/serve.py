@@ -66,6 +66,7 @@ def deployment_config(args: argparse.Namespace):
                           "`specctl build --sku cpu` (add --quick for a small one) or point at an engine directory")
     if args.profile and not Path(args.profile).is_file():
         raise ConfigError(f"--profile {args.profile}: no such file")
+    _distinct_ports(args)
     run_dir = Path(args.run_dir) if args.run_dir else ROOT / "runs" / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return DeploymentConfig(engine_dir=engine, run_dir=run_dir, profile=Path(args.profile) if args.profile else None,
                             policy=str(spec), max_k=args.max_k, max_batch=args.max_batch,
@@ -137,6 +138,18 @@ def run(args: argparse.Namespace) -> int:
         dep.stop()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _distinct_ports(args: argparse.Namespace) -> None:
+    """Each listener its own port: two on one port fail only once the second binds, mid-start."""
+    from control.errors import ConfigError
+
+    seen: dict[int, str] = {}
+    for flag in ("--http-port", "--grpc-port", "--metrics-port", "--control-port"):
+        port = getattr(args, flag[2:].replace("-", "_"))
+        if port and port in seen:
+            raise ConfigError(f"{seen[port]} and {flag} are both {port}; give each its own port (0 picks a free one)")
+        seen[port] = flag
 
 
 def _frontend_port(cfg) -> int:

@@ -136,3 +136,12 @@ def test_bench_without_a_server_names_the_http_endpoint_it_derived(capsys):
     assert main(["bench", "--url", "127.0.0.1:1", "--http-url", "http://127.0.0.1:1", "--loads", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "cannot reach Triton at http://127.0.0.1:1" in err and "pass --http-url" not in err, err
+
+
+def test_serve_refuses_two_listeners_on_one_port_before_starting(quick_engines, tmp_path, capsys):
+    """Found by hand: --http-port and --grpc-port alike ended in an internal error (BadStatusLine) mid-start."""
+    rc = main(["serve", "--engine-dir", str(quick_engines), "--run-dir", str(tmp_path / "run"),
+               "--http-port", "18599", "--grpc-port", "0", "--metrics-port", "18599"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--http-port and --metrics-port are both 18599" in err, err
+    assert not (tmp_path / "run").exists()  # nothing was rendered or started
