@@ -114,7 +114,7 @@ class CompletionRequest(Sampling):
                 raise ValueError(f"prompt: one prompt per request is accepted (got {len(self.prompt)}); send one "
                                  "request per prompt")
             self.prompt = self.prompt[0]
-        if not self.prompt or (isinstance(self.prompt, str) and not self.prompt.strip()):
+        if not self.prompt:  # whitespace is text: a model continues "\n\n" like any prompt
             raise ValueError("prompt is empty: give the text (or token ids) to continue")
         return self
 

@@ -232,7 +232,7 @@ def _prompt(tensors: Mapping[str, np.ndarray | None], limits: Limits, encode: Ca
     size = len(text.encode("utf-8", "replace"))
     if size > limits.max_prompt_bytes:
         raise ConfigError(f"text_input is {size} bytes: at most {limits.max_prompt_bytes} on this deployment")
-    if not text.strip():
+    if not text:  # whitespace is text: a model continues "\n\n" like any prompt
         raise ConfigError("text_input is empty: give the prompt text to continue")
     if inline_bytes is not None and size > inline_bytes:
         return None, text

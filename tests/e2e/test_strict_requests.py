@@ -47,7 +47,7 @@ HTTP_BAD = [
     ({"input_ids": [5, -3], "max_tokens": 4}, "input_ids[1]"),
     ({"input_ids": [2**31 - 1], "max_tokens": 4}, "input_ids[0]"),
     ({"max_tokens": 4}, "text_input"),
-    ({"text_input": "   ", "max_tokens": 4}, "text_input"),
+    ({"text_input": "", "max_tokens": 4}, "text_input"),
     ({"text_input": "x" * (1 << 17), "max_tokens": 4}, "text_input"),
 ]
 # Shown to check_generate_body: Triton's JSON layer would answer these with an unnamed 500, truncate

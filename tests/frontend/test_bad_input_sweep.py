@@ -70,7 +70,7 @@ OPENAI_CASES = (
     [("/v1/completions", {**COMPLETION, f: v}, f) for f, v in _SAMPLING]
     + [("/v1/chat/completions", {**CHAT, f: v}, f) for f, v in _SAMPLING]
     + [("/v1/completions", {**COMPLETION, "prompt": p}, "prompt")
-       for p in (5, [], "", "   ", [1, -1], [1, 2**40], ["a", "b"], {"a": 1}, [[1, 2]], None)]
+       for p in (5, [], "", [1, -1], [1, 2**40], ["a", "b"], {"a": 1}, [[1, 2]], None)]
     + [("/v1/completions", {**COMPLETION, f: v}, f)
        for f, v in (("echo", True), ("best_of", 2), ("suffix", "x"), ("logprobs", 1))]
     + [("/v1/completions", {k: v for k, v in COMPLETION.items() if k != "model"}, "model")]

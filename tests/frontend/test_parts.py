@@ -99,7 +99,7 @@ def test_token_counter_matches_the_model(quick_engines):
     ({"model": "llm", "prompt": "x", "temperature": "hot"}, "temperature = 'hot'"),
     ({"model": "llm", "prompt": "x", "max_tokens": True}, "max_tokens = True"),
     ({"model": "llm", "prompt": ["a", "b"]}, "one prompt per request"),
-    ({"model": "llm", "prompt": " "}, "prompt is empty"),
+    ({"model": "llm", "prompt": ""}, "prompt is empty"),
     ({"model": "llm", "prompt": "x", "echo": True}, "echo"),
     ({"model": "llm", "prompt": "x", "stream_options": {"include_usage": True}}, "only allowed when stream"),
     ({"model": "llm", "prompt": "x", "top_p": 0}, "top_p = 0"),
@@ -131,3 +131,4 @@ def test_chat_request_accepts_text_parts_and_max_completion_tokens():
     assert r.max_tokens == 9 and r.messages[0].text == "ab"
     assert CompletionRequest.model_validate({"model": "llm", "prompt": ["only"]}).prompt == "only"
     assert CompletionRequest.model_validate({"model": "llm", "prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+    assert CompletionRequest.model_validate({"model": "llm", "prompt": "\n\n "}).prompt == "\n\n "  # whitespace is text
