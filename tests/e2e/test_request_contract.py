@@ -42,7 +42,7 @@ def test_defaults_policy_none_and_stats():
 
 @pytest.mark.parametrize(("tensors", "message"), [
     ({}, "text_input is missing"),
-    ({"text_input": " \n"}, "text_input is empty"),
+    ({"text_input": ""}, "text_input is empty"),
     ({"text_input": "x", "max_tokens": np.array([101], dtype=np.int32)}, "max_tokens = 101: must be 1..100"),
     ({"text_input": "x", "max_tokens": np.array([1, 2], dtype=np.int32)}, "exactly one value"),
     ({"text_input": "x", "temperature": np.array([np.nan], dtype=np.float32)}, "finite"),
