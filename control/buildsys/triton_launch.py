@@ -24,6 +24,13 @@ from dataclasses import dataclass, field
 
 SCRIPT = "triton_backend/scripts/launch_triton_server.py"  # in a TensorRT-LLM checkout (1.2 tree)
 TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
+# Triton's administration APIs (its names, on both protocols) answer only requests with this header
+# and the server's key (Triton's --grpc-restricted-protocol / --http-restricted-api); gRPC metadata
+# carries the header with Triton's prefix. `specctl serve` and serve.sh's plain mode both set it.
+ADMIN_APIS = "shared-memory,model-repository,trace,logging"
+ADMIN_HEADER = "specctl-admin-key"
+ADMIN_GRPC_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
+ADMIN_KEY_FILE = "triton-admin-key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +42,10 @@ class TritonLaunch:
     gpu_device_ids: dict[str, str] = field(default_factory=dict)  # model -> "0,1" (orchestrator mode)
 
     def argv(self, repo: str = "$OUT/triton_repo") -> list[str]:
-        if self.mode == "tritonserver":
-            return ["tritonserver", f"--model-repository={repo}", "--exit-on-error=true"]
+        if self.mode == "tritonserver":  # administration behind the admin key, as `specctl serve` starts it
+            return ["tritonserver", f"--model-repository={repo}", "--exit-on-error=true",
+                    f'--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}="$ADMIN_KEY"',
+                    f'--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}="$ADMIN_KEY"']
         argv = ["python3", SCRIPT, f"--model_repo={repo}", f"--world_size={self.world_size}"]
         return argv + (["--multi-model"] if self.mode == "multi-model" else [])
 
@@ -73,6 +82,11 @@ def serve_script(launch: TritonLaunch, title: str) -> str:
         'OUT="${OUT:-$(cd "$(dirname "$0")" && pwd)}"',
         "",
     ]
+    if launch.mode == "tritonserver":
+        lines += ["# Triton's administration (shared memory, repository, trace, logging) answers only the header",
+                  f"# {ADMIN_HEADER} (gRPC: triton-grpc-protocol-{ADMIN_HEADER}) with this key:",
+                  'ADMIN_KEY="${SPECCTL_TRITON_ADMIN_KEY:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d \' \\n\')}"',
+                  f'(umask 077 && printf \'%s\\n\' "$ADMIN_KEY" > "$OUT/{ADMIN_KEY_FILE}")', ""]
     argv = launch.argv('"$OUT/triton_repo"')
     lines.append(("exec " if launch.mode == "tritonserver" else "") + " ".join(argv))
     return "\n".join(lines) + "\n"

@@ -7,6 +7,8 @@ field, truncate integers to int32 and ignore a misspelt field; those get a 400 n
 Responses stream through unchanged (``generate_stream`` is server-sent events), except a ``generate``
 error, which keeps only the model's own words (Triton wraps what a Python model raised in
 ``Failed to process the request(s) ...`` and its frames). Hop-by-hop headers are not forwarded.
+POSTs other than inference (``USER_POST``) get a 403: they are Triton's administration (logging,
+tracing, shared-memory regions, the model repository).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", 
 METHODS = ["GET", "POST", "HEAD"]
 LLM_MODELS = ("llm", "ensemble", "tensorrt_llm_bls")
 GENERATE_PATH = re.compile(r"models/([^/]+)(?:/versions/\d+)?/(generate|generate_stream)")
+# the POSTs a user sends: inference. Triton's others are its administration (logging, tracing,
+# shared-memory regions, the model repository), which answers only its admin key (server.ADMIN_HEADER)
+USER_POST = re.compile(r"models/[^/]+(?:/versions/\d+)?/(?:infer|generate|generate_stream)")
 
 
 def _generate_error(path: str, body: bytes) -> str | None:
@@ -70,6 +75,10 @@ def register(app: FastAPI) -> None:
         client: httpx.AsyncClient = request.app.state.triton_http
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         url = httpx.URL(path="/v2" + (f"/{path}" if path else ""), query=request.url.query.encode())
+        if request.method == "POST" and not USER_POST.fullmatch(path):
+            return JSONResponse({"error": f"POST /v2/{path} is not served on this port: it is Triton's "
+                                          "administration; inference (infer, generate, generate_stream) is"},
+                                status_code=403)
         body = await request.body()
         if request.method == "POST" and (error := _generate_error(path, body)) is not None:
             return JSONResponse({"error": error}, status_code=400)

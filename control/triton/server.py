@@ -14,12 +14,18 @@ What it takes to run the wheel's server reliably (each learned the hard way):
   (``HTTP_HOST``): one request can crash Triton 2.51's HTTP server (a form-encoded body of ~4 MB,
   JSON nested ~300,000 deep), so it is only ever reached through specctl's front end, which
   refuses those. ``--exit-on-error=true``.
+- Triton's administration APIs (shared-memory regions, model repository, tracing, logging) answer
+  only requests that carry ``ADMIN_HEADER`` (``buildsys/triton_launch.py``) with the server's admin key (Triton's own
+  ``--grpc-restricted-protocol`` / ``--http-restricted-api``): the gRPC port faces users, and a
+  shared-memory registration or a log setting is a write with no token otherwise. The key is in the
+  run directory (``ADMIN_KEY_FILE``, mode 0600) for an operator on the host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -31,6 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from control.buildsys.triton_launch import ADMIN_APIS, ADMIN_HEADER, ADMIN_KEY_FILE
 from control.errors import MissingDependencyError, SpecctlError
 
 HTTP_HOST = "127.0.0.1"  # Triton's HTTP server listens here whatever ``host`` is (see the module docstring)
@@ -176,6 +183,7 @@ class TritonServer:
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
         self.log_path = self.run_dir / "tritonserver.log"
+        self.admin_key = secrets.token_urlsafe(24)  # the same across restarts of this server
 
     @property
     def http_url(self) -> str:
@@ -200,8 +208,13 @@ class TritonServer:
             str(self.install.binary), f"--model-repository={self.model_repo}", f"--backend-directory={backends}",
             f"--http-address={HTTP_HOST}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
             f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
-            f"--metrics-port={self.ports['metrics']}", "--exit-on-error=true", "--log-verbose=0", *self.extra_args,
+            f"--metrics-port={self.ports['metrics']}", "--exit-on-error=true", "--log-verbose=0",
+            f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}={self.admin_key}",
+            f"--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}={self.admin_key}", *self.extra_args,
         ]
+        key_file = self.run_dir / ADMIN_KEY_FILE
+        key_file.touch(mode=0o600)
+        key_file.write_text(self.admin_key + "\n")
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime; restarts append
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(self.install, self.pythonpath),
                                      start_new_session=True)

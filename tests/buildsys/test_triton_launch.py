@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from control.buildsys.recipe import load_recipe
-from control.buildsys.triton_launch import SCRIPT, triton_launch
+from control.buildsys.triton_launch import ADMIN_APIS, ADMIN_HEADER, SCRIPT, triton_launch
 from control.buildsys.trtllm_rules import BACKEND_METHODS, Method
 from control.cli import main
 
@@ -22,7 +22,11 @@ ENGINE_RECIPES = [p for p in sorted((ROOT / "build" / "recipes").glob("*.yaml"))
 
 
 def test_launch_modes():
-    assert triton_launch(1, True).argv("R") == ["tritonserver", "--model-repository=R", "--exit-on-error=true"]
+    plain = triton_launch(1, True).argv("R")
+    assert plain[:3] == ["tritonserver", "--model-repository=R", "--exit-on-error=true"]
+    # Triton's administration behind the key, as `specctl serve` starts it (tests/e2e/test_admin_apis.py)
+    assert plain[3:] == [f'--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}="$ADMIN_KEY"',
+                         f'--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}="$ADMIN_KEY"']
     mpi = triton_launch(4, False)
     assert mpi.argv("R") == ["python3", SCRIPT, "--model_repo=R", "--world_size=4"] and not mpi.gpu_device_ids
     multi = triton_launch(2, True)
@@ -49,6 +53,7 @@ def test_every_engine_build_says_how_to_start_triton(tmp_path, capsys, path):
     draft = out / "triton_repo/tensorrt_llm_draft/config.pbtxt"
     if recipe.tp == 1:
         assert launch["mode"] == "tritonserver" and 'tritonserver --model-repository="$OUT/triton_repo"' in serve
+        assert 'ADMIN_KEY="${SPECCTL_TRITON_ADMIN_KEY:-' in serve and "umask 077" in serve
         assert _gpu_ids(target) is None
         return
     assert f"tp = {recipe.tp}: start Triton with serve.sh" in printed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from control.buildsys.triton_launch import ADMIN_HEADER
 from control.clients.triton import GenParams, http_generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -91,3 +92,23 @@ def test_tritonclient_http_works_through_the_proxy(frontend, deployment):
             client.infer("llm", [t])
         errors.append(str(e.value))
     assert errors[0] == errors[1] and "decoupled" in errors[0]  # the same answer, passed through unchanged
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v2/logging", {"log_verbose_level": 1}),
+    ("/v2/trace/setting", {"trace_level": ["TIMESTAMPS"]}),
+    ("/v2/models/llm/trace/setting", {"trace_rate": "1"}),
+    ("/v2/repository/models/llm/unload", {}),
+    ("/v2/repository/index", {}),
+    ("/v2/systemsharedmemory/region/r/register", {"key": "/r", "offset": 0, "byte_size": 8}),
+    ("/v2/cudasharedmemory/region/r/register", {"raw_handle": {"b64": ""}, "device_id": 0, "byte_size": 8}),
+])
+def test_posts_that_change_the_server_are_not_forwarded(frontend, deployment, path, body):
+    """Found by hand: the proxy forwarded every POST, so anyone on the user port could turn on verbose
+    logging or tracing, or register shared memory, with no token."""
+    ADMIN = {ADMIN_HEADER: deployment.triton.admin_key}  # noqa: N806
+    before = httpx.get(f"{deployment.http_url}/v2/logging", headers=ADMIN, timeout=30).json()
+    r = httpx.post(f"{frontend.url}{path}", json=body, timeout=30)
+    assert r.status_code == 403 and f"POST {path} is not served on this port" in r.json()["error"], r.text
+    assert httpx.get(f"{deployment.http_url}/v2/logging", headers=ADMIN, timeout=30).json() == before
+    assert_serving(frontend, deployment)
