@@ -140,6 +140,21 @@ def check_ports(ports: dict[str, int], host: str = "127.0.0.1") -> None:
         raise SpecctlError(f"{', '.join(taken)} already in use on {host}; pick another with --{'-'.join(taken[0].split()[:2])} or stop what holds it")
 
 
+def admin_flags(key: str) -> list[str]:
+    """Triton's flags that put its administration APIs (``ADMIN_APIS``) behind ``key`` on both protocols."""
+    return [f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}={key}",
+            f"--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}={key}"]
+
+
+def write_admin_key(run_dir: Path, key: str) -> Path:
+    """The key in the owner-only ``run_dir/ADMIN_KEY_FILE``, for an operator on the host."""
+    path = Path(run_dir) / ADMIN_KEY_FILE
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(key + "\n")
+    return path
+
+
 def server_env(install: TritonInstall, extra_pythonpath: list[str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     bindir = str(Path(sys.executable).parent)
@@ -209,12 +224,9 @@ class TritonServer:
             f"--http-address={HTTP_HOST}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
             f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
             f"--metrics-port={self.ports['metrics']}", "--exit-on-error=true", "--log-verbose=0",
-            f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}={self.admin_key}",
-            f"--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}={self.admin_key}", *self.extra_args,
+            *admin_flags(self.admin_key), *self.extra_args,
         ]
-        key_file = self.run_dir / ADMIN_KEY_FILE
-        key_file.touch(mode=0o600)
-        key_file.write_text(self.admin_key + "\n")
+        write_admin_key(self.run_dir, self.admin_key)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime; restarts append
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(self.install, self.pythonpath),
                                      start_new_session=True)

@@ -72,7 +72,15 @@ def model_repository() -> Path:
 
 
 def main() -> None:
-    from control.triton.server import find_tritonserver, prepare_backends, server_env
+    import secrets
+
+    from control.triton.server import (
+        admin_flags,
+        find_tritonserver,
+        prepare_backends,
+        server_env,
+        write_admin_key,
+    )
 
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     repo = model_repository()
@@ -83,8 +91,12 @@ def main() -> None:
            "--http-address=127.0.0.1", f"--http-port={os.environ.get('SPECCTL_TRITON_HTTP_PORT', '8080')}",
            "--grpc-address=0.0.0.0", f"--grpc-port={os.environ.get('SPECCTL_TRITON_GRPC_PORT', '8001')}",
            "--metrics-address=0.0.0.0", f"--metrics-port={os.environ.get('SPECCTL_TRITON_METRICS_PORT', '8002')}",
-           "--exit-on-error=true", "--exit-timeout-secs=10", "--log-verbose=0", *sys.argv[1:]]
-    print("triton_entrypoint: " + " ".join(cmd), flush=True)
+           "--exit-on-error=true", "--exit-timeout-secs=10", "--log-verbose=0"]
+    # Triton's administration (log, trace, shared memory, repository) behind a key: gRPC faces the cluster
+    key = os.environ.get("SPECCTL_TRITON_ADMIN_KEY") or secrets.token_urlsafe(24)
+    write_admin_key(RUN_DIR, key)
+    print("triton_entrypoint: " + " ".join([*cmd, *admin_flags("<admin key>"), *sys.argv[1:]]), flush=True)
+    cmd += [*admin_flags(key), *sys.argv[1:]]
     os.execve(cmd[0], cmd, server_env(install, [root]))
 
 

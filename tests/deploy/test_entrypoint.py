@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from control.buildsys.triton_launch import ADMIN_HEADER, ADMIN_KEY_FILE
 from control.triton.server import free_ports
 from tests.service.conftest import TOKEN, ServiceProcess
 
@@ -83,6 +84,12 @@ def test_on_cpu_it_becomes_a_ready_tritonserver_that_joins_the_control_plane(qui
         else:
             raise AssertionError(f"the replica never subscribed to its plans: {rows}")
         assert "127.0.0.1" in (tmp_path / "entrypoint.log").read_text().split("--http-address=")[1][:12]
+        # Triton's administration behind the key, which is in the run directory and not in the log
+        key = (tmp_path / "run" / ADMIN_KEY_FILE).read_text().strip()
+        assert key and key not in (tmp_path / "entrypoint.log").read_text()
+        logging = f"http://127.0.0.1:{http}/v2/logging"
+        assert httpx.get(logging, timeout=5).status_code in (401, 403)
+        assert httpx.get(logging, headers={ADMIN_HEADER: key}, timeout=5).status_code == 200
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
