@@ -158,7 +158,7 @@ def test_an_error_in_one_request_fails_only_that_request(llmapi, reference_greed
 LONG = " ".join(WORDS) * 40  # more tokens than max_seq_len (8192)
 BAD = [
     ({"max_tokens": 5}, "text_input is missing"),
-    ({"text_input": "  ", "max_tokens": 5}, "text_input is empty"),
+    ({"text_input": "", "max_tokens": 5}, "text_input is empty"),
     ({"text_input": "x", "max_tokens": 0}, "max_tokens = 0: must be >= 1"),
     ({"text_input": "x", "max_tokens": 1025}, "must be 1..1024 on this deployment"),
     ({"text_input": "x", "max_tokens": 5, "policy": "bogus"}, "bogus"),
