@@ -31,7 +31,7 @@ def describe_validation_error(what: str, err: Exception) -> str:
         items = errors()
         if items:
             first = items[0]
-            if first.get("type") == "json_invalid":  # FastAPI's: loc (body, character offset), no input
+            if first.get("type") == "json_invalid":  # FastAPI: loc (body, offset); pydantic: loc ()
                 why = (first.get("ctx") or {}).get("error", "JSON decode error")
                 at = [p for p in first.get("loc", ()) if isinstance(p, int)]
                 where = f" at offset {at[-1]}" if at else ""
