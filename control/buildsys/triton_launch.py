@@ -33,6 +33,12 @@ ADMIN_GRPC_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
 ADMIN_KEY_FILE = "triton-admin-key"
 
 
+def admin_flags(key: str) -> list[str]:
+    """Triton's flags that put its administration APIs (``ADMIN_APIS``) behind ``key`` on both protocols."""
+    return [f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}={key}",
+            f"--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}={key}"]
+
+
 @dataclass(frozen=True, slots=True)
 class TritonLaunch:
     """One build's Triton start: the mode, its world size and each engine model's GPUs."""
@@ -43,9 +49,7 @@ class TritonLaunch:
 
     def argv(self, repo: str = "$OUT/triton_repo") -> list[str]:
         if self.mode == "tritonserver":  # administration behind the admin key, as `specctl serve` starts it
-            return ["tritonserver", f"--model-repository={repo}", "--exit-on-error=true",
-                    f'--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}="$ADMIN_KEY"',
-                    f'--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}="$ADMIN_KEY"']
+            return ["tritonserver", f"--model-repository={repo}", "--exit-on-error=true", *admin_flags('"$ADMIN_KEY"')]
         argv = ["python3", SCRIPT, f"--model_repo={repo}", f"--world_size={self.world_size}"]
         return argv + (["--multi-model"] if self.mode == "multi-model" else [])
 

@@ -37,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from control.buildsys.triton_launch import ADMIN_APIS, ADMIN_HEADER, ADMIN_KEY_FILE
+from control.buildsys.triton_launch import ADMIN_KEY_FILE, admin_flags
 from control.errors import MissingDependencyError, SpecctlError
 
 HTTP_HOST = "127.0.0.1"  # Triton's HTTP server listens here whatever ``host`` is (see the module docstring)
@@ -138,12 +138,6 @@ def check_ports(ports: dict[str, int], host: str = "127.0.0.1") -> None:
     taken = [f"{name} port {p}" for name, p in ports.items() if not port_free(p, host)]
     if taken:
         raise SpecctlError(f"{', '.join(taken)} already in use on {host}; pick another with --{'-'.join(taken[0].split()[:2])} or stop what holds it")
-
-
-def admin_flags(key: str) -> list[str]:
-    """Triton's flags that put its administration APIs (``ADMIN_APIS``) behind ``key`` on both protocols."""
-    return [f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}={key}",
-            f"--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}={key}"]
 
 
 def write_admin_key(run_dir: Path, key: str) -> Path:

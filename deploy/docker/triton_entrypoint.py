@@ -74,13 +74,8 @@ def model_repository() -> Path:
 def main() -> None:
     import secrets
 
-    from control.triton.server import (
-        admin_flags,
-        find_tritonserver,
-        prepare_backends,
-        server_env,
-        write_admin_key,
-    )
+    from control.buildsys.triton_launch import admin_flags
+    from control.triton.server import find_tritonserver, prepare_backends, server_env, write_admin_key
 
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     repo = model_repository()
