@@ -202,6 +202,7 @@ class LlmModel(ResponseSender):
         self.live.pop(rid, None)
         self.engine.cancel(rid)  # between steps: the KV slot is freed now
         self.counters.cancelled += 1
+        self.metrics.cancelled(tokens=live.generated, drafted=live.drafted, accepted=live.accepted)
         try:
             live.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
@@ -218,6 +219,7 @@ class LlmModel(ResponseSender):
         if out.finish_reason == FinishReason.error:
             self._request_failed(live, out.error or "the engine failed while running this request; retry it")
             return
+        live.generated += len(out.new_token_ids)
         if out.new_token_ids and not live.first_token_ns:
             live.first_token_ns, live.first_token_s = time.time_ns(), time.monotonic()
         delta = live.detok.push(out.new_token_ids, final=out.finished)

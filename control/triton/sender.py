@@ -202,6 +202,7 @@ class Live:
     _: KW_ONLY
     text: list[str] = field(default_factory=list)  # text deltas sent so far
     ids: list[int] = field(default_factory=list)  # token ids sent so far
+    generated: int = 0  # tokens the engine has delivered for it so far
     drafted: int = 0
     accepted: int = 0
     arrival_ns: int = 0  # wall clock, for return_perf_metrics

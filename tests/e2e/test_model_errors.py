@@ -92,3 +92,34 @@ def test_refused_grpc_requests_count_as_failures_in_triton(deployment):
         assert res.error is not None and res.token_ids == [], res
     after = _wait_counter(deployment, "nv_inference_request_failure", before + len(bodies), reason="BACKEND")
     assert after == before + len(bodies)
+
+
+def test_a_stream_cancelled_mid_generation_is_counted_as_cancelled_with_its_tokens(deployment):
+    text0 = _metrics(deployment)
+    cancelled0 = _counter(text0, "specctl_requests_total", outcome="cancelled")
+    completed0 = _counter(text0, "specctl_requests_total", outcome="completed")
+    tokens0 = _counter(text0, "specctl_generated_tokens_total")
+
+    async def run():
+        client = aio.InferenceServerClient(deployment.grpc_url)
+        got, chunks = asyncio.Event(), []
+
+        def on_chunk(res):
+            chunks.append(len(res.token_ids))
+            if len(chunks) >= 3:
+                got.set()
+
+        task = asyncio.create_task(stream_generate(client, PROMPTS[3], GenParams(max_tokens=900), on_chunk=on_chunk))
+        await asyncio.wait_for(got.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client.close()
+        return chunks[-1]  # res.token_ids: every token received so far
+
+    received = asyncio.run(run())
+    assert _wait_counter(deployment, "specctl_requests_total", cancelled0 + 1, outcome="cancelled") == cancelled0 + 1
+    text = _metrics(deployment)
+    assert _counter(text, "specctl_requests_total", outcome="completed") == completed0
+    generated = _counter(text, "specctl_generated_tokens_total") - tokens0
+    assert received <= generated < 900  # what it got, and what was generated before the cancel took hold
