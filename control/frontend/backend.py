@@ -49,8 +49,20 @@ def _piece(r) -> Piece:
 def _error(message: str) -> OpenAIError:
     m = " ".join(model_message(str(message)).split())
     if any(s in m for s in UNAVAILABLE_MARKERS):
-        return OpenAIError(503, f"the model server is not reachable ({m[:200]})")
+        return OpenAIError(503, f"the model server is not reachable ({m[:200]}); retry the request")
     return OpenAIError(400, m[:500])
+
+
+def _channel_text(e: Exception) -> str:
+    """A failed channel's status and details (``StatusCode.UNAVAILABLE: Socket closed``), not the
+    ``<AioRpcError of RPC that terminated with: ...>`` repr with its debug string."""
+    code, details = getattr(e, "code", None), getattr(e, "details", None)
+    if callable(code) and callable(details):
+        try:
+            return f"{code()}: {details()}"
+        except Exception:
+            pass
+    return f"{type(e).__name__}: {e}"
 
 
 class TritonBackend:
@@ -83,7 +95,7 @@ class TritonBackend:
         except OpenAIError:
             raise
         except Exception as e:  # the channel failed
-            raise _error(f"{type(e).__name__}: {e}") from None
+            raise _error(_channel_text(e)) from None
         finally:
             if not done:
                 it.cancel()

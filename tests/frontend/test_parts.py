@@ -132,3 +132,20 @@ def test_chat_request_accepts_text_parts_and_max_completion_tokens():
     assert CompletionRequest.model_validate({"model": "llm", "prompt": ["only"]}).prompt == "only"
     assert CompletionRequest.model_validate({"model": "llm", "prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     assert CompletionRequest.model_validate({"model": "llm", "prompt": "\n\n "}).prompt == "\n\n "  # whitespace is text
+
+
+def test_a_failed_grpc_channel_reads_as_its_status_and_details_not_the_repr():
+    import grpc
+    from grpc.aio import AioRpcError, Metadata
+
+    from control.frontend.backend import _channel_text, _error
+
+    e = AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), details="Stream removed (Socket closed)",
+                    debug_error_string="UNAVAILABLE:Stream removed (Socket closed)")
+    text = _channel_text(e)
+    assert text == "StatusCode.UNAVAILABLE: Stream removed (Socket closed)"
+    err = _error(text)
+    assert err.status == 503
+    assert "not reachable (StatusCode.UNAVAILABLE: Stream removed (Socket closed)); retry" in err.message
+    assert "AioRpcError" not in err.message and "debug_error_string" not in err.message
+    assert _channel_text(ConnectionResetError("peer reset")) == "ConnectionResetError: peer reset"
