@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 MAX_STOP_WORDS = 4  # as OpenAI
+MAX_STOP_CHARS = 1024  # the llm model's limit on one stop word (control/triton/llm_request.py, MAX_WORD_BYTES)
 MAX_SEED = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
 UNION_TAGS = frozenset({"int", "float", "str", "bool", "none"})
@@ -71,8 +72,8 @@ class Sampling(BaseModel):
     n: StrictInt = Field(default=1, ge=1, le=1, description="only 1 is supported")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Number = Field(default=0, ge=0, le=0, description="only 0 is supported")
-    frequency_penalty: Number = Field(default=0, ge=0, le=0, description="only 0 is supported")
+    presence_penalty: Number = Field(default=0, description="only 0 is supported")
+    frequency_penalty: Number = Field(default=0, description="only 0 is supported")
     logit_bias: dict[str, Any] | None = Field(default=None, max_length=0)
     user: StrictStr | None = None
     spec_decode_metrics: StrictBool | None = Field(
@@ -85,6 +86,12 @@ class Sampling(BaseModel):
             raise ValueError(f"stop: at most {MAX_STOP_WORDS} sequences are accepted (got {len(words)})")
         if any(not w for w in words):
             raise ValueError("stop: sequences must be non-empty strings")
+        if any(len(w) > MAX_STOP_CHARS for w in words):
+            longest = max(len(w) for w in words)
+            raise ValueError(f"stop: a sequence of {longest} characters; at most {MAX_STOP_CHARS} are accepted")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != 0:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: penalties are not supported; only 0 is accepted")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self

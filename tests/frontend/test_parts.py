@@ -105,7 +105,9 @@ def test_token_counter_matches_the_model(quick_engines):
     ({"model": "llm", "prompt": "x", "top_p": 0}, "top_p = 0"),
     ({"model": "llm", "prompt": "x", "seed": -1}, "seed = -1"),
     ({"prompt": "x"}, "model is required"),
-    ({"model": "llm", "prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty = 0.5"),
+    ({"model": "llm", "prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty = 0.5: penalties are not supported"),
+    ({"model": "llm", "prompt": "x", "presence_penalty": -1}, "presence_penalty = -1: penalties are not supported"),
+    ({"model": "llm", "prompt": "x", "stop": ["ok", "y" * 2000]}, "stop: a sequence of 2000 characters; at most 1024"),
     # a union: the member whose shape the value has names the bad item; else every member, in words
     ({"model": "llm", "prompt": [5, -1]}, "prompt.1 = -1: Input should be greater than or equal to 0"),
     ({"model": "llm", "prompt": None}, "accepted: a string or a list of strings or a list of token ids"),
