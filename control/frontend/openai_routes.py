@@ -9,13 +9,15 @@ its last chunk) when the request sets ``spec_decode_metrics`` or the deployment 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from control.clients.triton import GenParams
@@ -36,6 +38,7 @@ from control.frontend.specmetrics import SpecTracker
 from control.frontend.text import StopTrimmer, TokenCounter
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampled unless the request asks for 0
+CLIENT_CLOSED = 499  # the status logged for a request whose client left before the answer (nginx's)
 
 
 @dataclass(frozen=True)
@@ -154,16 +157,44 @@ async def stream(job: Job, first: Piece | None, pieces: AsyncIterator[Piece], se
     yield b"data: [DONE]\n\n"
 
 
-async def run(job: Job, backend: TritonBackend, served: ServedModel):
+async def run(job: Job, backend: TritonBackend, served: ServedModel, request: Request):
     pieces = backend.generate(job.prompt, job.params)
     if not job.req.stream:
-        return JSONResponse(await answer(job, pieces, served))
+        body = await _while_connected(request, answer(job, pieces, served))
+        return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)
     try:
         first = await anext(pieces)
     except StopAsyncIteration:
         first = None
     return StreamingResponse(stream(job, first, pieces, served), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+async def _while_connected(request: Request, work: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
+    """``work``'s result, or None once the client has gone: the work is then cancelled, which ends the
+    gRPC stream, and the model frees the request's KV slot at its next step (a client that times out
+    and retries would otherwise leave the first generation running to max_tokens beside the retry)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server is stopping
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client closes the connection (the body has been read: only that is left to receive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def register(app: FastAPI, served: ServedModel) -> None:
@@ -184,10 +215,12 @@ def register(app: FastAPI, served: ServedModel) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await _parse(request, CompletionRequest)
-        return await run(_job("text_completion", req, served, req.prompt, DEFAULT_MAX_TOKENS), backend(request), served)
+        job = _job("text_completion", req, served, req.prompt, DEFAULT_MAX_TOKENS)
+        return await run(job, backend(request), served, request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         req = await _parse(request, ChatRequest)
         prompt = served.template.render([(m.role, m.text) for m in req.messages])
-        return await run(_job("chat.completion", req, served, prompt, served.chat_max_tokens), backend(request), served)
+        return await run(_job("chat.completion", req, served, prompt, served.chat_max_tokens), backend(request), served,
+                         request)

@@ -61,3 +61,24 @@ def test_client_leaving_mid_stream_frees_the_request(frontend, deployment):
     assert (s["active_requests"], s["kv_slots_in_use"]) == (0, 0), s
     # cancelled on the server, not run to the end: 900 tokens would take seconds longer
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (3, 0), s
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_client_leaving_before_a_whole_answer_frees_the_request(frontend, deployment, route):
+    body = {"model": "llm", "max_tokens": 900, "temperature": 0}
+    body |= {"prompt": "def main():\n"} if route == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    before = model_stats(deployment.http_url)
+    for _ in range(2):
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 900 tokens
+            httpx.post(f"{frontend.url}/v1/{route}", json=body, timeout=httpx.Timeout(60, read=0.5))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        s = model_stats(deployment.http_url)
+        if s["active_requests"] == 0 and s["kv_slots_in_use"] == 0:
+            break
+        time.sleep(0.1)
+    assert (s["active_requests"], s["kv_slots_in_use"]) == (0, 0), s
+    assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (2, 0), s
+    # the front end still answers whole requests
+    r = httpx.post(f"{frontend.url}/v1/{route}", json=body | {"max_tokens": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
