@@ -125,7 +125,8 @@ def llm_model_config(recipe: Recipe, control: str, model: str, version: str = PI
               tensor("max_tokens", "TYPE_INT32"), tensor("stream", "TYPE_BOOL"), tensor("temperature", "TYPE_FP32"),
               tensor("top_k", "TYPE_INT32"), tensor("top_p", "TYPE_FP32"), tensor("random_seed", "TYPE_UINT64"),
               tensor("stop_words", "TYPE_STRING", "[ -1 ]"), tensor("bad_words", "TYPE_STRING", "[ -1 ]"),
-              tensor("end_id", "TYPE_INT32"), tensor("num_draft_tokens", "TYPE_INT32"), tensor("policy", "TYPE_STRING"),
+              tensor("end_id", "TYPE_INT32"), tensor("ignore_eos", "TYPE_BOOL"), tensor("num_draft_tokens", "TYPE_INT32"),
+              tensor("policy", "TYPE_STRING"),
               tensor("stats", "TYPE_BOOL")]
     # Speculation metrics under tensorrtllm_backend's names and under ours (what `specctl generate`
     # and `specctl bench` read, as from the reference path's config).

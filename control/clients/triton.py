@@ -44,6 +44,7 @@ class GenParams:
     bad_words: tuple[str, ...] = ()
     num_draft_tokens: int | None = None
     end_id: int | None = None
+    ignore_eos: bool = False  # generate max_tokens even past the end token (benchmarks' fixed lengths)
     policy: str | None = None
 
     def as_json(self) -> dict[str, Any]:
@@ -56,6 +57,8 @@ class GenParams:
             out["stop_words"] = list(self.stop_words)
         if self.bad_words:
             out["bad_words"] = list(self.bad_words)
+        if self.ignore_eos:
+            out["ignore_eos"] = True
         return out
 
 
@@ -142,6 +145,8 @@ def grpc_inputs(prompt: str | list[int], params: GenParams, stream: bool = True)
         words = getattr(params, name)
         if words:
             ins.append(tensor(name, np.array([w.encode() for w in words], dtype=object), "BYTES"))
+    if params.ignore_eos:
+        ins.append(tensor("ignore_eos", np.array([True]), "BOOL"))
     if params.policy is not None:
         ins.append(tensor("policy", np.array([params.policy.encode()], dtype=object), "BYTES"))
     return ins

@@ -4,7 +4,9 @@ Defaults follow OpenAI: ``temperature`` 1, ``top_p`` 1, ``max_tokens`` 16 for co
 deployment's ``chat_max_tokens``). Streaming answers are server-sent events ending with
 ``data: [DONE]``; with ``stream_options.include_usage`` a last chunk with empty ``choices`` carries
 ``usage``. ``metrics.speculative_decoding`` (vLLM's shape) is added to the response (streaming: to
-its last chunk) when the request sets ``spec_decode_metrics`` or the deployment enables it.
+its last chunk) when the request sets ``spec_decode_metrics`` or the deployment enables it. vLLM's
+sampling extensions that benchmark clients send are taken: ``ignore_eos``, ``top_k`` (-1 or 0: off),
+``repetition_penalty`` 1 and ``min_tokens`` 0.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def _job(kind: str, req: Sampling, served: ServedModel, prompt: str | list[int],
     params = GenParams(max_tokens=req.max_tokens or default_max,
                        temperature=float(req.temperature if req.temperature is not None else DEFAULT_TEMPERATURE),
                        top_p=float(req.top_p) if req.top_p is not None else None, random_seed=req.seed,
-                       stop_words=req.stop_words)
+                       top_k=req.top_k if req.top_k and req.top_k > 0 else None,
+                       stop_words=req.stop_words, ignore_eos=req.ignore_eos)
     metrics = served.spec_metrics if req.spec_decode_metrics is None else req.spec_decode_metrics
     return Job(kind, req, prompt, params, served.counter.count(prompt), metrics)
 

@@ -76,6 +76,12 @@ class Sampling(BaseModel):
     frequency_penalty: Number = Field(default=0, description="only 0 is supported")
     logit_bias: dict[str, Any] | None = Field(default=None, max_length=0)
     user: StrictStr | None = None
+    # vLLM's and SGLang's extensions that their benchmark clients send (`vllm bench serve` sends
+    # repetition_penalty 1.0 on every completion, and ignore_eos with --ignore-eos)
+    ignore_eos: StrictBool = Field(default=False, description="generate max_tokens even past the end token")
+    top_k: StrictInt | None = Field(default=None, ge=-1, description="sample from the k likeliest tokens (-1, 0: all)")
+    repetition_penalty: Number = Field(default=1, description="only 1 is supported")
+    min_tokens: StrictInt = Field(default=0, description="only 0 is supported")
     spec_decode_metrics: StrictBool | None = Field(
         default=None, description="add metrics.speculative_decoding to this response (default: the deployment's)")
 
@@ -89,9 +95,12 @@ class Sampling(BaseModel):
         if any(len(w) > MAX_STOP_CHARS for w in words):
             longest = max(len(w) for w in words)
             raise ValueError(f"stop: a sequence of {longest} characters; at most {MAX_STOP_CHARS} are accepted")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != 0:
-                raise ValueError(f"{name} = {getattr(self, name)!r}: penalties are not supported; only 0 is accepted")
+        for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
+            if getattr(self, name) != neutral:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: penalties are not supported; only {neutral} is "
+                                 "accepted")
+        if self.min_tokens != 0:
+            raise ValueError(f"min_tokens = {self.min_tokens!r}: minimum lengths are not supported; only 0 is accepted")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self

@@ -5,10 +5,11 @@ Names follow tensorrtllm_backend's ensemble and BLS models: ``text_input`` (or `
 ``bad_words``, ``end_id``, ``pad_id``, ``num_draft_tokens`` (a per-request cap on the draft length),
 ``beam_width`` (1 only), ``num_return_sequences`` (1 only), ``exclude_input_in_output`` and the
 ``return_*`` flags -> ``text_output``, ``output_ids`` and the per-request speculation metrics under
-our names and upstream's (``total_draft_tokens`` / ``total_accepted_draft_tokens``). Two additions:
+our names and upstream's (``total_draft_tokens`` / ``total_accepted_draft_tokens``). Three additions:
 ``policy`` (``none`` turns speculation off for the request; the deployment's policy is switched
-through the control plane) and ``stats`` (a request whose ``stats`` is true gets the instance's
-counters as JSON in ``text_output`` instead of text).
+through the control plane), ``stats`` (a request whose ``stats`` is true gets the instance's
+counters as JSON in ``text_output`` instead of text) and ``ignore_eos`` (generate ``max_tokens``
+even past the end token, as TensorRT-LLM's ``SamplingParams.ignore_eos``: benchmarks' fixed lengths).
 
 What differs from a stock TensorRT-LLM deployment (see ``triton_repo/README.md``): the ``llm`` model
 takes unbatched inputs (shape ``[1]``, words ``[N]``); the ``ensemble`` and ``tensorrt_llm_bls``
@@ -54,7 +55,7 @@ MAX_WORD_BYTES = 1024
 INPUTS = {
     "text_input": "BYTES", "input_ids": "INT32", "max_tokens": "INT32", "stream": "BOOL",
     "temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "random_seed": "UINT64",
-    "stop_words": "BYTES", "bad_words": "BYTES", "end_id": "INT32", "pad_id": "INT32",
+    "stop_words": "BYTES", "bad_words": "BYTES", "end_id": "INT32", "ignore_eos": "BOOL", "pad_id": "INT32",
     "num_draft_tokens": "INT32", "beam_width": "INT32", "num_return_sequences": "INT32",
     "exclude_input_in_output": "BOOL", "return_perf_metrics": "BOOL", "return_log_probs": "BOOL",
     "return_context_logits": "BOOL", "return_generation_logits": "BOOL",
@@ -288,6 +289,7 @@ def parse_request(tensors: Mapping[str, np.ndarray | None], *, limits: Limits, e
     exclude = _flag("exclude_input_in_output", get("exclude_input_in_output")) \
         if _given(tensors, "exclude_input_in_output") else True
     perf = _flag("return_perf_metrics", get("return_perf_metrics")) if _given(tensors, "return_perf_metrics") else False
+    ignore_eos = _flag("ignore_eos", get("ignore_eos")) if _given(tensors, "ignore_eos") else False
     prompt, prompt_text = _prompt(tensors, limits, encode, inline_prompt_bytes)
     stop, stop_texts = _words("stop_words", get("stop_words"), encode_words) if get("stop_words") is not None else ([], ())
     bad, bad_texts = _words("bad_words", get("bad_words"), encode_words) if get("bad_words") is not None else ([], ())
@@ -295,7 +297,7 @@ def parse_request(tensors: Mapping[str, np.ndarray | None], *, limits: Limits, e
                             top_k=int(vals.get("top_k", 0)), top_p=float(vals.get("top_p", 1.0)),
                             random_seed=vals.get("random_seed"), stop_words=stop, bad_words=bad,
                             num_draft_tokens=vals.get("num_draft_tokens"), end_id=vals.get("end_id"),
-                            stop_texts=tuple(stop_texts), bad_texts=tuple(bad_texts))
+                            ignore_eos=ignore_eos, stop_texts=tuple(stop_texts), bad_texts=tuple(bad_texts))
     return GenerateRequest(prompt or [], params, stream, stop_texts, bad_texts, include_input=not exclude and not stream,
                            prompt_text=prompt_text, perf_metrics=perf, tokenize_later=prompt is None)
 

@@ -109,3 +109,14 @@ def test_specctl_generate_url_matches_the_reference(deployment, reference, schem
     doc = json.loads(r.stdout)
     assert doc["token_ids"] == reference([PROMPTS[2]], 20)[0]
     assert doc["stats"]["tokens"] == len(doc["token_ids"]) > 0 and doc["stats"]["ttft_ms"] > 0
+
+
+def test_ignore_eos_generates_max_tokens_past_the_end_token(deployment, reference):
+    want = reference([PROMPTS[2]], MAX_TOKENS)[0]
+    end = want[5]  # a token greedy decoding reaches early: made the end token, it stops the request there
+    stops = grpc_generate(deployment.grpc_url, PROMPTS[2], GenParams(max_tokens=MAX_TOKENS, end_id=end))
+    assert len(stops.token_ids) <= want.index(end) + 1 < MAX_TOKENS
+    assert stops.token_ids == want[: len(stops.token_ids)]
+    p = GenParams(max_tokens=MAX_TOKENS, end_id=end, ignore_eos=True)
+    for got in (grpc_generate(deployment.grpc_url, PROMPTS[2], p), http_generate(deployment.http_url, PROMPTS[2], p)):
+        assert got.token_ids == want  # all of it, lossless, the end token included where it fell

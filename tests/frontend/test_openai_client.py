@@ -129,3 +129,28 @@ def test_bad_chat_and_malformed_json(oai, frontend):
     assert "messages.0.role" in e.value.body["message"]
     r = httpx.post(f"{frontend.url}/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "error" in r.json() and r.json()["error"]["message"]
+
+
+def _sse_docs(r: httpx.Response) -> list[dict]:
+    import json
+
+    lines = [line.removeprefix("data: ") for line in r.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_the_request_shapes_of_vllm_bench_serve_are_served(frontend, route):
+    """The bodies `vllm bench serve` sends (vllm/benchmarks/lib/endpoint_request_func.py), with
+    --ignore-eos: the completions one always carries repetition_penalty 1.0 and logprobs null."""
+    if route == "completions":
+        body = {"model": "llm", "prompt": PROMPTS[1], "repetition_penalty": 1.0, "max_tokens": 24, "logprobs": None}
+    else:
+        body = {"model": "llm", "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPTS[1]}]}],
+                "max_completion_tokens": 24}
+    body |= {"stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    r = httpx.post(f"{frontend.url}/v1/{route}", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    docs = _sse_docs(r)
+    assert docs[-1]["choices"] == [] and docs[-1]["usage"]["completion_tokens"] == 24
+    assert docs[-2]["choices"][0]["finish_reason"] == "length"

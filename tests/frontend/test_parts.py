@@ -108,6 +108,11 @@ def test_token_counter_matches_the_model(quick_engines):
     ({"model": "llm", "prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty = 0.5: penalties are not supported"),
     ({"model": "llm", "prompt": "x", "presence_penalty": -1}, "presence_penalty = -1: penalties are not supported"),
     ({"model": "llm", "prompt": "x", "stop": ["ok", "y" * 2000]}, "stop: a sequence of 2000 characters; at most 1024"),
+    ({"model": "llm", "prompt": "x", "repetition_penalty": 1.3}, "repetition_penalty = 1.3: penalties are not supported; "
+                                                                  "only 1 is accepted"),
+    ({"model": "llm", "prompt": "x", "min_tokens": 4}, "min_tokens = 4: minimum lengths are not supported"),
+    ({"model": "llm", "prompt": "x", "top_k": -2}, "top_k = -2"),
+    ({"model": "llm", "prompt": "x", "ignore_eos": "yes"}, "ignore_eos = 'yes'"),
     # a union: the member whose shape the value has names the bad item; else every member, in words
     ({"model": "llm", "prompt": [5, -1]}, "prompt.1 = -1: Input should be greater than or equal to 0"),
     ({"model": "llm", "prompt": None}, "accepted: a string or a list of strings or a list of token ids"),
@@ -151,3 +156,24 @@ def test_a_failed_grpc_channel_reads_as_its_status_and_details_not_the_repr():
     assert "not reachable (StatusCode.UNAVAILABLE: Stream removed (Socket closed)); retry" in err.message
     assert "AioRpcError" not in err.message and "debug_error_string" not in err.message
     assert _channel_text(ConnectionResetError("peer reset")) == "ConnectionResetError: peer reset"
+
+
+def test_vllm_extensions_reach_the_model_inputs():
+    from control.clients.triton import grpc_inputs
+    from control.frontend.openai_routes import ServedModel, _job
+
+    class Count:
+        def count(self, prompt):
+            return 1
+
+    served = ServedModel("llm", 8, False, 16, Count(), plain_template, 0)
+    req = CompletionRequest.model_validate({"model": "llm", "prompt": "x", "ignore_eos": True, "top_k": 5,
+                                            "repetition_penalty": 1.0, "min_tokens": 0, "temperature": 0.5})
+    p = _job("text_completion", req, served, "x", 16).params
+    assert (p.ignore_eos, p.top_k) == (True, 5)
+    sent = {t.name(): t for t in grpc_inputs("x", p)}
+    assert "ignore_eos" in sent and "top_k" in sent
+    off = _job("text_completion", CompletionRequest.model_validate({"model": "llm", "prompt": "x", "top_k": -1}),
+               served, "x", 16).params
+    assert (off.ignore_eos, off.top_k) == (False, None)
+    assert not {"ignore_eos", "top_k"} & {t.name() for t in grpc_inputs("x", off)}

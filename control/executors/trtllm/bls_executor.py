@@ -69,7 +69,8 @@ class BlsExecutor:
             if stream:
                 self._streams.open(rid)
         try:
-            self.orch.add(rid, prompt_ids, params.max_tokens, self._sink(rid), end_id=params.end_id,
+            end_id = None if params.ignore_eos else params.end_id  # the orchestrator stops only at an end_id given
+            self.orch.add(rid, prompt_ids, params.max_tokens, self._sink(rid), end_id=end_id,
                           num_draft_tokens=params.num_draft_tokens, on_error=self._on_error(rid))
         except SpecctlError as e:
             with self._lock:

@@ -135,7 +135,7 @@ def chain_positions(drafted: int, accepted: int, steps: int, max_k: int) -> tupl
 
 
 def sampling_kwargs(max_tokens, temperature=None, top_k=None, top_p=None, seed=None, end_id=None,
-                    stop_token_ids=None, stop=None, bad=None) -> dict[str, Any]:
+                    stop_token_ids=None, stop=None, bad=None, ignore_eos=False) -> dict[str, Any]:
     """Validated keyword arguments for TensorRT-LLM's ``SamplingParams``; SpecctlError names the bad value.
 
     Greedy (temperature 0 or not given) is sent as ``top_k=1``, which every TensorRT-LLM line treats
@@ -168,6 +168,10 @@ def sampling_kwargs(max_tokens, temperature=None, top_k=None, top_p=None, seed=N
         kw["seed"] = seed
     if end_id is not None:
         kw["end_id"] = int(end_id)
+    if not isinstance(ignore_eos, bool):
+        raise SpecctlError(f"ignore_eos = {ignore_eos!r}: must be true or false")
+    if ignore_eos:
+        kw["ignore_eos"] = True
     if stop_token_ids:
         kw["stop_token_ids"] = [int(t) for t in stop_token_ids]
     for name, words in (("stop", stop), ("bad", bad)):

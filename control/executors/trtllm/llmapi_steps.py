@@ -61,7 +61,8 @@ class TotalsObserver(Protocol):
 def llmapi_sampling(p: SamplingParams) -> dict[str, Any]:
     """A request's parameters -> ``sampling_kwargs`` arguments (TensorRT-LLM's SamplingParams)."""
     return {"max_tokens": p.max_tokens, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
-            "seed": p.random_seed, "end_id": p.end_id, "stop": list(p.stop_texts), "bad": list(p.bad_texts)}
+            "seed": p.random_seed, "end_id": p.end_id, "stop": list(p.stop_texts), "bad": list(p.bad_texts),
+            "ignore_eos": p.ignore_eos}
 
 
 @dataclass(eq=False)

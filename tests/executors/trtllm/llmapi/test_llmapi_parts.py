@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from control.agent import Agent
 from control.agent.wire import DrafterStats, TelemetryBatch
-from control.errors import ConfigError
+from control.errors import ConfigError, SpecctlError
 from control.executors.base import check_prompt
 from control.executors.trtllm.drafter_hook import KPlanner
 from control.executors.trtllm.llmapi import chain_positions, sampling_kwargs
@@ -50,6 +50,12 @@ def test_a_request_maps_to_tensorrt_llm_sampling_params():
                      top_p=np.array([0.5], dtype=np.float32))
     kw = sampling_kwargs(**llmapi_sampling(sampled.params))
     assert (kw["temperature"], kw["top_k"], kw["top_p"]) == (pytest.approx(0.8), 4, 0.5) and "stop" not in kw
+    assert "ignore_eos" not in kw
+    fixed_length = _parse(text_input="abc", ignore_eos=np.array([True]))
+    assert fixed_length.params.ignore_eos
+    assert sampling_kwargs(**llmapi_sampling(fixed_length.params))["ignore_eos"] is True
+    with pytest.raises(SpecctlError, match="ignore_eos = 1: must be true or false"):
+        sampling_kwargs(5, ignore_eos=1)
 
 
 def test_validation_gives_the_reference_engines_messages(tiny_checkpoints):

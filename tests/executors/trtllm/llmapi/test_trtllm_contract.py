@@ -59,7 +59,7 @@ def test_our_code_uses_only_contract_names():
     read = set(re.findall(r"\br\.(py_\w+|get_tokens)", hook)) | set(re.findall(r'"(py_\w+)"', hook))
     assert read and read <= set(c["LlmRequest"]["attributes"]) | set(c["LlmRequest"]["methods"])
     kw = sampling_kwargs(5, temperature=0.7, top_k=3, top_p=0.9, seed=1, end_id=2, stop_token_ids=[4], stop=["a"],
-                         bad=["b"])
+                         bad=["b"], ignore_eos=True)
     assert set(kw) <= set(c["SamplingParams"]["fields"])
     for cls in (*DECODING_CLASSES.values(), *NESTED_CLASSES.values(), "UserProvidedDecodingConfig"):
         assert c[cls]["module"] == "tensorrt_llm.llmapi"

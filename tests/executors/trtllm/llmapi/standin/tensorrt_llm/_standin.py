@@ -68,6 +68,7 @@ class SamplingParams:
     seed: int | None = None
     temperature: float | None = None
     return_perf_metrics: bool = False
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -304,7 +305,7 @@ class LLM:
         params = RefParams(max_tokens=sp.max_tokens, temperature=0.0 if greedy else float(sp.temperature),
                            top_k=0 if greedy else int(sp.top_k or 0), top_p=1.0 if greedy or sp.top_p is None else sp.top_p,
                            random_seed=sp.seed, stop_words=[w for w in words if w], bad_words=[w for w in bad if w],
-                           end_id=sp.end_id)
+                           end_id=sp.end_id, ignore_eos=sp.ignore_eos)
         res = RequestOutput(self, next(self._ids), prompt, sp)
         with self._cond:
             try:
