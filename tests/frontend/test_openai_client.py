@@ -139,18 +139,27 @@ def _sse_docs(r: httpx.Response) -> list[dict]:
     return [json.loads(x) for x in lines[:-1]]
 
 
-@pytest.mark.parametrize("route", ["completions", "chat/completions"])
-def test_the_request_shapes_of_vllm_bench_serve_are_served(frontend, route):
-    """The bodies `vllm bench serve` sends (vllm/benchmarks/lib/endpoint_request_func.py), with
-    --ignore-eos: the completions one always carries repetition_penalty 1.0 and logprobs null."""
-    if route == "completions":
+@pytest.mark.parametrize(("client", "route"), [("vllm", "completions"), ("vllm", "chat/completions"),
+                                              ("sglang", "completions")])
+def test_the_request_shapes_of_vllm_and_sglang_benchmarks_are_served(frontend, client, route):
+    """The bodies `vllm bench serve` (vllm/benchmarks/lib/endpoint_request_func.py, with --ignore-eos:
+    the completions one always carries repetition_penalty 1.0 and logprobs null) and SGLang's
+    bench_serving (python/sglang/bench_serving.py: best_of 1, ignore_eos by default) send."""
+    if client == "sglang":
+        body = {"model": "llm", "prompt": PROMPTS[1], "temperature": 0.0, "best_of": 1, "max_tokens": 24,
+                "stream": True, "ignore_eos": True}
+    elif route == "completions":
         body = {"model": "llm", "prompt": PROMPTS[1], "repetition_penalty": 1.0, "max_tokens": 24, "logprobs": None}
     else:
         body = {"model": "llm", "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPTS[1]}]}],
                 "max_completion_tokens": 24}
-    body |= {"stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if client == "vllm":
+        body |= {"stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     r = httpx.post(f"{frontend.url}/v1/{route}", json=body, timeout=60)
     assert r.status_code == 200, r.text
     docs = _sse_docs(r)
-    assert docs[-1]["choices"] == [] and docs[-1]["usage"]["completion_tokens"] == 24
-    assert docs[-2]["choices"][0]["finish_reason"] == "length"
+    if client == "vllm":
+        assert docs[-1]["choices"] == [] and docs[-1]["usage"]["completion_tokens"] == 24
+        docs = docs[:-1]
+    assert all(d["choices"] for d in docs)  # SGLang's client reads choices[0] of every chunk
+    assert docs[-1]["choices"][0]["finish_reason"] == "length"
