@@ -100,7 +100,8 @@ class Sampling(BaseModel):
                 raise ValueError(f"{name} = {getattr(self, name)!r}: penalties are not supported; only {neutral} is "
                                  "accepted")
         if self.min_tokens != 0:
-            raise ValueError(f"min_tokens = {self.min_tokens!r}: minimum lengths are not supported; only 0 is accepted")
+            raise ValueError(f"min_tokens = {self.min_tokens!r}: minimum lengths are not supported; only 0 is accepted "
+                             "(for a fixed output length send ignore_eos: true with max_tokens)")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self

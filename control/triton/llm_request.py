@@ -82,7 +82,8 @@ NEUTRAL = {"beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0
            "frequency_penalty": 0.0, "length_penalty": 1.0, "min_tokens": 0, "return_log_probs": False,
            "return_context_logits": False, "return_generation_logits": False}
 NEUTRAL_WHY = {"beam_width": "beam search is not supported", "num_return_sequences": "one sequence per request",
-               "min_tokens": "minimum lengths are not supported", "return_log_probs": "log probs are not returned",
+               "min_tokens": "minimum lengths are not supported; for a fixed output length send ignore_eos true "
+                             "with max_tokens", "return_log_probs": "log probs are not returned",
                "return_context_logits": "logits are not returned", "return_generation_logits": "logits are not returned"}
 
 

@@ -110,7 +110,8 @@ def test_token_counter_matches_the_model(quick_engines):
     ({"model": "llm", "prompt": "x", "stop": ["ok", "y" * 2000]}, "stop: a sequence of 2000 characters; at most 1024"),
     ({"model": "llm", "prompt": "x", "repetition_penalty": 1.3}, "repetition_penalty = 1.3: penalties are not supported; "
                                                                   "only 1 is accepted"),
-    ({"model": "llm", "prompt": "x", "min_tokens": 4}, "min_tokens = 4: minimum lengths are not supported"),
+    ({"model": "llm", "prompt": "x", "min_tokens": 4}, "min_tokens = 4: minimum lengths are not supported; only 0 "
+                                                        "is accepted (for a fixed output length send ignore_eos"),
     ({"model": "llm", "prompt": "x", "top_k": -2}, "top_k = -2"),
     ({"model": "llm", "prompt": "x", "ignore_eos": "yes"}, "ignore_eos = 'yes'"),
     # a union: the member whose shape the value has names the bad item; else every member, in words
