@@ -43,6 +43,18 @@ def test_concurrent_streams_equal_solo_greedy(frontend, reference, policy):
     assert [n for _, n in got] == [len(ids) for ids in want]
 
 
+def _settled(deployment, within_s: float = 10.0) -> dict:
+    """The model's stats once no request is active and no KV slot held (asserted within ``within_s``)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        s = model_stats(deployment.http_url)
+        if (s["active_requests"], s["kv_slots_in_use"]) == (0, 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert (s["active_requests"], s["kv_slots_in_use"]) == (0, 0), s
+    return s
+
+
 def test_client_leaving_mid_stream_frees_the_request(frontend, deployment):
     body = {"model": "llm", "prompt": "def main():\n", "max_tokens": 900, "temperature": 0, "stream": True}
     before = model_stats(deployment.http_url)
@@ -52,13 +64,7 @@ def test_client_leaving_mid_stream_frees_the_request(frontend, deployment):
             lines = r.iter_lines()
             assert next(line for line in lines if line.startswith("data:"))
         # the connection is closed here, long before 900 tokens
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        s = model_stats(deployment.http_url)
-        if s["active_requests"] == 0 and s["kv_slots_in_use"] == 0:
-            break
-        time.sleep(0.1)
-    assert (s["active_requests"], s["kv_slots_in_use"]) == (0, 0), s
+    s = _settled(deployment)
     # cancelled on the server, not run to the end: 900 tokens would take seconds longer
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (3, 0), s
 
@@ -71,13 +77,7 @@ def test_client_leaving_before_a_whole_answer_frees_the_request(frontend, deploy
     for _ in range(2):
         with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 900 tokens
             httpx.post(f"{frontend.url}/v1/{route}", json=body, timeout=httpx.Timeout(60, read=0.5))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        s = model_stats(deployment.http_url)
-        if s["active_requests"] == 0 and s["kv_slots_in_use"] == 0:
-            break
-        time.sleep(0.1)
-    assert (s["active_requests"], s["kv_slots_in_use"]) == (0, 0), s
+    s = _settled(deployment)
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (2, 0), s
     # the front end still answers whole requests
     r = httpx.post(f"{frontend.url}/v1/{route}", json=body | {"max_tokens": 4}, timeout=60)
