@@ -104,6 +104,7 @@ class Requests:
     max_tokens: np.ndarray
     unit_arrivals: np.ndarray  # seconds at a mean rate of 1 request/s
     notes: dict[str, Any] = field(default_factory=dict)
+    ignore_eos: bool = True  # each request generates its max_tokens (the workload's lengths), past any end token
 
     @property
     def n(self) -> int:
@@ -141,7 +142,7 @@ def prompt_windows(texts: list[str], n: int, chars: np.ndarray, rng: np.random.G
 
 
 def make_requests(workload: str, n: int, *, seed: int = 0, prompt_chars: float = 400.0, max_tokens: float = 64.0,
-                  texts: list[str] | None = None) -> Requests:
+                  texts: list[str] | None = None, ignore_eos: bool = True) -> Requests:
     """Requests for a workload name.
 
     - ``corpus`` (default): Poisson arrivals, prompt lengths lognormal around ``prompt_chars``
@@ -150,6 +151,10 @@ def make_requests(workload: str, n: int, *, seed: int = 0, prompt_chars: float =
       ``mooncake``, ``sharegpt``, ``spec-bench``, ``poisson:in=..,out=..``): its arrival pattern and
       the shape of its length distributions, rescaled so the means are ``prompt_chars`` characters and
       ``max_tokens`` tokens (the CPU pair's context is short); the scale factors go into the notes.
+
+    ``ignore_eos``: every request generates its ``max_tokens`` (the workload's output lengths, as a
+    trace replay needs; greedy decoding makes the tokens the same for every policy either way); False
+    lets a request end at the model's end token, which makes the load lighter than the workload's.
     """
     if n < 1:
         raise ConfigError(f"requests = {n}: must be >= 1")
@@ -183,7 +188,8 @@ def make_requests(workload: str, n: int, *, seed: int = 0, prompt_chars: float =
                       "output_scale": f"max_tokens = trace output tokens x {o_scale:.4g}",
                       "prompts": "held-out corpus windows", **{f"trace_{k}": v for k, v in w.notes.items()}})
     mt = np.clip(np.round(outs), 2, 4 * max_tokens).astype(np.int64)
-    return Requests(prompt_windows(texts, n, chars, rng), mt, unit, notes)
+    notes["output_lengths"] = "max_tokens exactly (ignore_eos)" if ignore_eos else "up to max_tokens (ends at the end token)"
+    return Requests(prompt_windows(texts, n, chars, rng), mt, unit, notes, ignore_eos)
 
 
 # -- the control plane ------------------------------------------------------------------------------
@@ -237,7 +243,7 @@ async def _run_async(ep: Endpoints, reqs: Requests, arrivals: np.ndarray, timeou
         if delay > 0:
             await asyncio.sleep(delay)
         sent[i] = time.perf_counter() - t0
-        params = GenParams(max_tokens=int(reqs.max_tokens[i]))
+        params = GenParams(max_tokens=int(reqs.max_tokens[i]), ignore_eos=reqs.ignore_eos)
         try:
             call = (stream_generate(client, reqs.prompts[i], params) if pool is None
                     else pool.generate(reqs.prompts[i], params, request_id=f"bench-{i}"))

@@ -55,6 +55,9 @@ def add_load_args(p: argparse.ArgumentParser, *, requests: int, loads: str, warm
     p.add_argument("--capacity-requests", type=A.positive_int, help="requests in the capacity run (default: --requests)")
     p.add_argument("--prompt-chars", type=A.positive_float, default=300.0, help="mean prompt length in characters (default 300)")
     p.add_argument("--max-tokens", type=A.positive_float, default=48.0, help="mean max_tokens per request (default 48)")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="let a request end at the model's end token (default: each generates its max_tokens, "
+                        "the workload's output length, as vLLM's --ignore-eos)")
     p.add_argument("--slo-ttft-s", type=A.positive_float, default=2.0, help="TTFT SLO in seconds (default 2)")
     p.add_argument("--slo-tpot-ms", type=A.positive_float, default=100.0, help="TPOT SLO in ms (default 100)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
@@ -128,7 +131,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                            "port is (specctl serve's --http-port)") from None
     slo = SLOTargets(ttft_s=args.slo_ttft_s, tpot_ms=args.slo_tpot_ms)
     reqs = make_requests(args.workload, args.requests, seed=args.seed, prompt_chars=args.prompt_chars,
-                         max_tokens=args.max_tokens)
+                         max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
     rows: list[dict] = []
     meta = {"harness": "specctl bench (live Triton, gRPC streaming)", "grpc": ep.grpc, "requests_per_run": reqs.n,
             "loads": ",".join(f"{x:g}" for x in args.loads), "policies": ",".join(args.policies),
@@ -144,7 +147,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 switch_policy(ep, "none")
                 creqs = reqs if not args.capacity_requests else make_requests(
                     args.workload, args.capacity_requests, seed=args.seed + 1, prompt_chars=args.prompt_chars,
-                    max_tokens=args.max_tokens)
+                    max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
                 task = prog.add_task("capacity (policy none, all at once)", total=creqs.n)
                 capacity, _ = measure_capacity(ep, creqs, on_done=lambda d: prog.update(task, completed=d))
             meta["capacity_req_s"] = round(capacity, 4)
@@ -156,7 +159,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
             console.print(f"no-speculation capacity: {capacity:.3f} req/s")
             if args.warmup_requests:
                 wreqs = make_requests(args.workload, args.warmup_requests, seed=args.seed + 2,
-                                      prompt_chars=args.prompt_chars, max_tokens=args.max_tokens)
+                                      prompt_chars=args.prompt_chars, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
                 meta["warmup"] = f"{wreqs.n} requests per policy at load 0.5, unmeasured, before the runs"
                 for pol in args.policies:
                     switch_policy(ep, pol, drafters=args.drafters)

@@ -48,6 +48,7 @@ def test_bench_switches_policies_and_writes_the_bench_schema(deployment, tmp_pat
     # no speculation: no draft passes (only the clock reads around an empty drafting loop)
     assert details["none"]["time_s"]["draft"] < 0.1 * details["fixed:2"]["time_s"]["draft"]
     assert doc["meta"]["capacity_req_s"] == 20
+    assert doc["meta"]["output_lengths"] == "max_tokens exactly (ignore_eos)"  # the workload's lengths, by default
     assert doc["meta"]["warmup"].startswith("2 requests per policy")  # served, unmeasured: no rows of its own
     busiest = max(mix, key=mix.get)
     assert "drafters (% of drafting request-steps)" in md.read_text() and f" {busiest}:" in md.read_text()
