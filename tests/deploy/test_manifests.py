@@ -129,7 +129,8 @@ def test_the_grafana_dashboard_queries_metrics_that_exist():
     dash = json.loads((K8S / "base" / "dashboards" / "specctl.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     titles = " ".join(p["title"].lower() for p in dash["panels"])
-    for topic in ("acceptance", "k distribution", "goodput", "slo attainment", "plan version per replica"):
+    for topic in ("acceptance", "k distribution", "goodput", "slo attainment", "plan version per replica",
+                  "requests by outcome"):
         assert topic in titles, topic
     used = {m for e in exprs for m in re.findall(r"\b(specctl_[a-z_]+)", e)}
     p = make_profile()
