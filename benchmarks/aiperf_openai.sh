@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # aiperf (NVIDIA's LLM benchmark tool) against specctl's OpenAI-compatible front end: chat and
-# completions, streaming, with vLLM-shaped speculative metrics so aiperf's report lists acceptance.
+# completions, streaming, with vLLM-shaped speculative metrics so aiperf's report lists acceptance,
+# and ignore_eos so every request generates exactly OSL tokens.
 #
 #   benchmarks/aiperf_openai.sh [URL] [TOKENIZER_DIR]
 #
@@ -31,7 +32,7 @@ for TYPE in chat completions; do
     --tokenizer "$TOKENIZER" --request-count "$REQUESTS" --concurrency "$CONCURRENCY" \
     --prompt-input-tokens-mean "$ISL" --prompt-input-tokens-stddev 0 \
     --prompt-output-tokens-mean "$OSL" --prompt-output-tokens-stddev 0 \
-    --extra-inputs spec_decode_metrics:true --extra-inputs temperature:0 \
+    --extra-inputs spec_decode_metrics:true --extra-inputs temperature:0 --extra-inputs ignore_eos:true \
     --random-seed 0 --ui-type none --no-server-metrics --no-gpu-telemetry \
     --output-artifact-dir "$OUT/$TYPE"
 done
