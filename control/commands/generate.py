@@ -31,6 +31,7 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], help="stop word (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="generate --max-tokens tokens even past the end token")
     p.add_argument("--device", default="cpu", help="torch device (default cpu; cuda when available)")
     p.add_argument("--threads", type=A.positive_int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--json", action="store_true",
@@ -66,7 +67,8 @@ def run_remote(args: argparse.Namespace) -> int:
         policy = str(parse_policy_spec(args.policy))
     params = GenParams(max_tokens=args.max_tokens, temperature=args.temperature or None, top_k=args.top_k or None,
                        top_p=args.top_p if args.top_p != 1.0 else None, random_seed=args.seed,
-                       stop_words=tuple(s for s in args.stop if s), num_draft_tokens=args.num_draft_tokens, policy=policy)
+                       stop_words=tuple(s for s in args.stop if s), num_draft_tokens=args.num_draft_tokens, policy=policy,
+                       ignore_eos=args.ignore_eos)
     shown = [0]
 
     def show(res) -> None:
@@ -115,7 +117,8 @@ def run_local(args: argparse.Namespace) -> int:
     drafter = args.drafter or _default_drafter(loaded.drafters)
     stop = [loaded.tokenizer.encode(s, add_special_tokens=False).ids for s in args.stop if s]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, random_seed=args.seed, stop_words=[s for s in stop if s])
+                            top_p=args.top_p, random_seed=args.seed, stop_words=[s for s in stop if s],
+                            ignore_eos=args.ignore_eos)
     prompt = loaded.encode(args.prompt)
     if spec.name == "none" or drafter is None:
         policy = PlainDecoding()

@@ -86,3 +86,14 @@ def test_bad_engine_dir_and_empty_prompt(capsys, tmp_path, tiny_engine_dir):
     with pytest.raises(SystemExit):
         main(["generate", "--engine-dir", str(tiny_engine_dir), "--prompt", "x", "--max-tokens", "0"])
     assert "must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_ignore_eos_is_taken_and_changes_nothing_before_an_end_token(capsys, tiny_engine_dir):
+    """The flag reaches the engine (the end token it skips is tested through Triton with end_id:
+    tests/e2e/test_generate.py); the tiny model never ends early, so the output is the same."""
+    rc, out, _ = generate(capsys, tiny_engine_dir, "--policy", "none", "--json", "--max-tokens", "90")
+    assert rc == 0
+    free = json.loads(out)["token_ids"]
+    rc, out, _ = generate(capsys, tiny_engine_dir, "--policy", "none", "--json", "--max-tokens", "90", "--ignore-eos")
+    assert rc == 0
+    assert json.loads(out)["token_ids"] == free and len(free) == 90
