@@ -23,6 +23,13 @@ from pydantic import (
 )
 
 MAX_STOP_WORDS = 4  # as OpenAI
+# OpenAI's request fields for what this server does not do (tools, response formats, audio, stored
+# completions, reasoning options): refused as such, not as unknown (a client reading "see the OpenAI
+# API reference" would find them there)
+OPENAI_NOT_SERVED = frozenset({
+    "tools", "tool_choice", "functions", "function_call", "response_format", "audio", "modalities", "prediction",
+    "reasoning_effort", "service_tier", "web_search_options", "metadata", "verbosity", "prompt_cache_key",
+    "safety_identifier"})
 MAX_STOP_CHARS = 1024  # the llm model's limit on one stop word (control/triton/llm_request.py, MAX_WORD_BYTES)
 MAX_SEED = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
@@ -158,11 +165,15 @@ class ChatRequest(Sampling):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = Field(default=False, description="only false is supported")
     top_logprobs: None = Field(default=None, description="not supported")
+    store: StrictBool = Field(default=False, description="only false: this server stores no completions")
+    parallel_tool_calls: StrictBool | None = Field(default=None, description="no effect: no tools are served")
 
     @model_validator(mode="after")
     def _chat_checks(self):
         if self.logprobs:
             raise ValueError("logprobs: true is not supported; only false is accepted")
+        if self.store:
+            raise ValueError("store: true is not supported (this server stores no completions); only false is accepted")
         if self.max_completion_tokens is not None and self.max_tokens is not None \
                 and self.max_completion_tokens != self.max_tokens:
             raise ValueError("give max_completion_tokens or max_tokens, not two different values")
@@ -214,6 +225,9 @@ def validation_message(err) -> tuple[str, str | None]:
     shown = repr(first.get("input"))
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     if first.get("type") == "extra_forbidden":
+        if str(raw_loc[0] if raw_loc else "") in OPENAI_NOT_SERVED:
+            return (f"{loc}: not supported by this server (it serves plain text generation: no tools, response "
+                    "formats, audio, stored completions or reasoning options); leave the field out"), loc
         return f"{loc}: unknown field; see the OpenAI API reference for the accepted fields", loc
     if first.get("type") == "missing":
         return f"{loc} is required", loc

@@ -133,6 +133,26 @@ def test_chat_content_of_another_part_type_names_the_part():
                                            "messages.0.content")
 
 
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools: not supported by this server"),
+    ({"response_format": {"type": "json_object"}}, "response_format: not supported by this server"),
+    ({"metadata": {"a": "b"}}, "metadata: not supported by this server"),
+    ({"store": True}, "store: true is not supported"),
+    ({"max_tokenz": 3}, "max_tokenz: unknown field; see the OpenAI API reference"),
+])
+def test_openai_fields_not_served_are_named_as_such_and_typos_as_unknown(extra, words):
+    body = {"model": "llm", "messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(ValidationError) as e:
+        ChatRequest.model_validate_json(json.dumps(body))
+    assert words in validation_message(e.value)[0]
+
+
+def test_neutral_openai_fields_are_accepted():
+    r = ChatRequest.model_validate({"model": "llm", "messages": [{"role": "user", "content": "hi"}], "store": False,
+                                    "parallel_tool_calls": True, "logprobs": False, "n": 1})
+    assert r.store is False and r.messages[0].text == "hi"
+
+
 def test_chat_request_accepts_text_parts_and_max_completion_tokens():
     r = ChatRequest.model_validate({"model": "llm", "max_completion_tokens": 9, "messages": [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
