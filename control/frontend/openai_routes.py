@@ -16,7 +16,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -40,6 +40,7 @@ from control.frontend.specmetrics import SpecTracker
 from control.frontend.text import StopTrimmer, TokenCounter
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampled unless the request asks for 0
+T = TypeVar("T")
 CLIENT_CLOSED = 499  # the status logged for a request whose client left before the answer (nginx's)
 
 
@@ -163,20 +164,29 @@ async def stream(job: Job, first: Piece | None, pieces: AsyncIterator[Piece], se
 async def run(job: Job, backend: TritonBackend, served: ServedModel, request: Request):
     pieces = backend.generate(job.prompt, job.params)
     if not job.req.stream:
-        body = await _while_connected(request, answer(job, pieces, served))
-        return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)
-    try:
-        first = await anext(pieces)
-    except StopAsyncIteration:
-        first = None
+        connected, body = await _while_connected(request, answer(job, pieces, served))
+        return JSONResponse(body) if connected else Response(status_code=CLIENT_CLOSED)
+    # the first piece before the response starts (an error is still a status code then); a client that
+    # leaves while the request waits for its first token cancels it, as one that leaves mid-stream does
+    connected, first = await _while_connected(request, _first_piece(pieces))
+    if not connected:
+        return Response(status_code=CLIENT_CLOSED)
     return StreamingResponse(stream(job, first, pieces, served), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 
-async def _while_connected(request: Request, work: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
-    """``work``'s result, or None once the client has gone: the work is then cancelled, which ends the
-    gRPC stream, and the model frees the request's KV slot at its next step (a client that times out
-    and retries would otherwise leave the first generation running to max_tokens beside the retry)."""
+async def _first_piece(pieces: AsyncIterator[Piece]) -> Piece | None:
+    try:
+        return await anext(pieces)
+    except StopAsyncIteration:
+        return None
+
+
+async def _while_connected(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
+    """(True, ``work``'s result), or (False, None) once the client has gone: the work is then cancelled,
+    which ends the gRPC stream, and the model frees the request's KV slot at its next step (a client
+    that times out and retries would otherwise leave the first generation running to max_tokens
+    beside the retry)."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnect(request))
     try:
@@ -187,11 +197,11 @@ async def _while_connected(request: Request, work: Awaitable[dict[str, Any]]) ->
     finally:
         gone.cancel()
     if task.done():
-        return task.result()
+        return True, task.result()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    return None
+    return False, None
 
 
 async def _disconnect(request: Request) -> None:

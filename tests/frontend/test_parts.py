@@ -198,3 +198,36 @@ def test_vllm_extensions_reach_the_model_inputs():
                served, "x", 16).params
     assert (off.ignore_eos, off.top_k) == (False, None)
     assert not {"ignore_eos", "top_k"} & {t.name() for t in grpc_inputs("x", off)}
+
+
+def test_work_is_cancelled_when_the_client_goes_and_kept_when_it_stays():
+    import asyncio
+
+    from control.frontend.openai_routes import _while_connected
+
+    class Client:
+        def __init__(self, leaves_after_s: float) -> None:
+            self.leaves_after_s = leaves_after_s
+
+        async def receive(self):
+            await asyncio.sleep(self.leaves_after_s)
+            return {"type": "http.disconnect"}
+
+    cancelled = []
+
+    async def work(s: float):
+        try:
+            await asyncio.sleep(s)
+            return "answer"
+        except asyncio.CancelledError:
+            cancelled.append(s)
+            raise
+
+    async def both():
+        gone = await _while_connected(Client(0.01), work(5.0))
+        stays = await _while_connected(Client(5.0), work(0.01))
+        return gone, stays
+
+    gone, stays = asyncio.run(asyncio.wait_for(both(), 3))
+    assert gone == (False, None) and cancelled == [5.0]  # the generation's task got the cancel
+    assert stays == (True, "answer")
