@@ -130,8 +130,12 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
         raise RequestError(f"{e}; that is --url's host on port 8000 by default: pass --http-url where Triton's HTTP "
                            "port is (specctl serve's --http-port)") from None
     slo = SLOTargets(ttft_s=args.slo_ttft_s, tpot_ms=args.slo_tpot_ms)
-    reqs = make_requests(args.workload, args.requests, seed=args.seed, prompt_chars=args.prompt_chars,
-                         max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
+
+    def requests(n: int, seed: int):
+        return make_requests(args.workload, n, seed=seed, prompt_chars=args.prompt_chars, max_tokens=args.max_tokens,
+                             ignore_eos=not args.stop_at_eos)
+
+    reqs = requests(args.requests, args.seed)
     rows: list[dict] = []
     meta = {"harness": "specctl bench (live Triton, gRPC streaming)", "grpc": ep.grpc, "requests_per_run": reqs.n,
             "loads": ",".join(f"{x:g}" for x in args.loads), "policies": ",".join(args.policies),
@@ -145,9 +149,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
             capacity = args.capacity
             if capacity is None:
                 switch_policy(ep, "none")
-                creqs = reqs if not args.capacity_requests else make_requests(
-                    args.workload, args.capacity_requests, seed=args.seed + 1, prompt_chars=args.prompt_chars,
-                    max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
+                creqs = requests(args.capacity_requests, args.seed + 1) if args.capacity_requests else reqs
                 task = prog.add_task("capacity (policy none, all at once)", total=creqs.n)
                 capacity, _ = measure_capacity(ep, creqs, on_done=lambda d: prog.update(task, completed=d))
             meta["capacity_req_s"] = round(capacity, 4)
@@ -158,8 +160,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 runs = len(args.loads) * len(args.policies) * args.repeats
             console.print(f"no-speculation capacity: {capacity:.3f} req/s")
             if args.warmup_requests:
-                wreqs = make_requests(args.workload, args.warmup_requests, seed=args.seed + 2,
-                                      prompt_chars=args.prompt_chars, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
+                wreqs = requests(args.warmup_requests, args.seed + 2)
                 meta["warmup"] = f"{wreqs.n} requests per policy at load 0.5, unmeasured, before the runs"
                 for pol in args.policies:
                     switch_policy(ep, pol, drafters=args.drafters)

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from control.triton.llm_request import MAX_WORD_BYTES
+
 MAX_STOP_WORDS = 4  # as OpenAI
 # OpenAI's request fields for what this server does not do (tools, response formats, audio, stored
 # completions, reasoning options): refused as such, not as unknown (a client reading "see the OpenAI
@@ -30,7 +32,6 @@ OPENAI_NOT_SERVED = frozenset({
     "tools", "tool_choice", "functions", "function_call", "response_format", "audio", "modalities", "prediction",
     "reasoning_effort", "service_tier", "web_search_options", "metadata", "verbosity", "prompt_cache_key",
     "safety_identifier"})
-MAX_STOP_CHARS = 1024  # the llm model's limit on one stop word (control/triton/llm_request.py, MAX_WORD_BYTES)
 MAX_SEED = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
 UNION_TAGS = frozenset({"int", "float", "str", "bool", "none"})
@@ -99,9 +100,9 @@ class Sampling(BaseModel):
             raise ValueError(f"stop: at most {MAX_STOP_WORDS} sequences are accepted (got {len(words)})")
         if any(not w for w in words):
             raise ValueError("stop: sequences must be non-empty strings")
-        if any(len(w) > MAX_STOP_CHARS for w in words):
-            longest = max(len(w) for w in words)
-            raise ValueError(f"stop: a sequence of {longest} characters; at most {MAX_STOP_CHARS} are accepted")
+        longest = max(map(len, words), default=0)
+        if longest > MAX_WORD_BYTES:  # the llm model's limit, checked here to name the OpenAI field
+            raise ValueError(f"stop: a sequence of {longest} characters; at most {MAX_WORD_BYTES} are accepted")
         for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
             if getattr(self, name) != neutral:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: penalties are not supported; only {neutral} is "

@@ -32,7 +32,7 @@ METHODS = ["GET", "POST", "HEAD"]
 LLM_MODELS = ("llm", "ensemble", "tensorrt_llm_bls")
 GENERATE_PATH = re.compile(r"models/([^/]+)(?:/versions/\d+)?/(generate|generate_stream)")
 # the POSTs a user sends: inference. Triton's others are its administration (logging, tracing,
-# shared-memory regions, the model repository), which answers only its admin key (server.ADMIN_HEADER)
+# shared-memory regions, the model repository), which answers only its admin key (triton_launch.ADMIN_HEADER)
 USER_POST = re.compile(r"models/[^/]+(?:/versions/\d+)?/(?:infer|generate|generate_stream)")
 
 
