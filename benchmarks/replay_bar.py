@@ -7,8 +7,9 @@ Tokens per modelled second = generated tokens / the simulator's busy time. The r
 deterministic: a second run prints the same table. ``--seeds N`` runs each policy with policy seeds
 0..N-1 (its exploration draws) and reports the mean ratio and the worst seed: one seed hid a seed
 at 0.80 of the best fixed configuration (docs/validation.md, "The full pair's replay").
-``--breakdown`` adds where each run's busy time went, for the best fixed configuration and each
-policy's seed 0: prefill iterations and their time (draft prefill included), decode steps and theirs.
+``--repeat N`` serves the record's requests N times over: a longer run of the same workload, over
+which what exploring costs grows slower than the run. ``--breakdown`` adds where each run's busy time
+went, for the best fixed configuration and each policy's seed 0: prefill iterations and their time (draft prefill included), decode steps and theirs.
 Without chunked prefill the engine runs a prefill iteration at each step where a request finished,
 so a policy that spreads finishing times pays the target's per-pass constant more often.
 
@@ -35,24 +36,30 @@ BAR = 1.00
 
 
 def bar_rows(record, profile, batches: list[int], policies: list[str], progress=None, seeds: int = 1,
-             plan_profile=None) -> list[dict]:
+             plan_profile=None, repeat: int = 1) -> list[dict]:
     """Per batch: every fixed configuration and each policy at policy seeds 0..seeds-1 (mean ratio
     ``vs_best``, worst seed ``vs_best_min``; ``mean_k`` of seed 0). ``plan_profile``: the policies'
-    plans come from it instead of ``profile`` (the clock); fixed configurations need no prices."""
+    plans come from it instead of ``profile`` (the clock); fixed configurations need no prices.
+    ``repeat``: the record's requests arrive that many times over, in the same order (a longer run of
+    the same workload; per-request state starts afresh each time, pooled state carries on)."""
+    import numpy as np
+
     from control.bench.replay import fixed_configs, replay_run, tokens_per_s
 
+    order = np.tile(np.arange(record.n), repeat)  # (n * repeat,) record rows in arrival order
     rows = []
     for b in batches:
         t0 = time.perf_counter()
         fixed, results = {}, {}
         for spec in fixed_configs(record):
-            results[spec] = replay_run(record, profile, spec, b)
+            results[spec] = replay_run(record, profile, spec, b, rows=order)
             fixed[spec] = tokens_per_s(results[spec])
         best = max(fixed, key=fixed.get)
         row = {"batch": b, "none": fixed["none"], "best_fixed": best, "best_fixed_tok_s": fixed[best], "fixed": fixed,
                "best_fixed_split": busy_split(results[best])}
         for pol in policies:
-            runs = [replay_run(record, profile, pol, b, seed=s, plan_profile=plan_profile) for s in range(seeds)]
+            runs = [replay_run(record, profile, pol, b, seed=s, plan_profile=plan_profile, rows=order)
+                    for s in range(seeds)]
             tok = [tokens_per_s(r) for r in runs]
             mean_k = float((runs[0].k_hist * range(runs[0].k_hist.size)).sum() / max(runs[0].k_hist.sum(), 1))
             row[pol] = {"tok_s": sum(tok) / seeds, "vs_best": sum(tok) / seeds / fixed[best],
@@ -110,12 +117,17 @@ def main(argv=None) -> int:
                                                             "POLICY@D1+D2 restricts its drafters)")
     ap.add_argument("--seeds", type=int, default=1, help="policy seeds per policy, 0..N-1 (default 1): the mean "
                                                           "ratio and the worst seed")
+    ap.add_argument("--repeat", type=int, default=1, help="serve the record's requests this many times over "
+                                                           "(default 1): how the ratio moves with the run's length")
     ap.add_argument("--breakdown", action="store_true", help="also print where each run's busy time went "
                                                                  "(prefill iterations, decode steps)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     if args.seeds < 1:
         print(f"--seeds {args.seeds}: give at least 1 policy seed", file=sys.stderr)
+        return 2
+    if args.repeat < 1:
+        print(f"--repeat {args.repeat}: give at least 1 (each request of the record once)", file=sys.stderr)
         return 2
 
     from control.bench.replay import ReplayRecord
@@ -135,12 +147,13 @@ def main(argv=None) -> int:
         profile = load_profile(args.profile)
         planned = load_profile(args.plan_profile) if args.plan_profile else None
         rows = bar_rows(record, profile, batches, policies, progress=lambda m: print(m, file=sys.stderr),
-                        seeds=args.seeds, plan_profile=planned)
+                        seeds=args.seeds, plan_profile=planned, repeat=args.repeat)
     except SpecctlError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"record: {record.engine}, prompt set {record.prompt_set}, {record.n} requests x "
-          f"{int(record.output_tokens.max())} tokens, drafters {', '.join(record.drafters)}, max_k {record.max_k}; "
+          f"{int(record.output_tokens.max())} tokens" + (f", served {args.repeat} times over" if args.repeat > 1 else "")
+          + f", drafters {', '.join(record.drafters)}, max_k {record.max_k}; "
           f"profile {profile.sku}/{profile.pair}" + (f"; plans from {args.plan_profile}" if args.plan_profile else ""))
     print(markdown(rows, policies, args.seeds))
     if args.breakdown:

@@ -80,10 +80,10 @@ def _build_cpu(args: argparse.Namespace) -> int:
     import torch
 
     from control.buildsys.cpu.pair import build_cpu_pair
-    from control.buildsys.cpu.progress import RichReporter
+    from control.buildsys.cpu.progress import reporter_for
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    reporter = RichReporter()
+    reporter = reporter_for()
     try:
         manifest = build_cpu_pair(out, recipe, seed=args.seed, corpus_dir=args.corpus, reporter=reporter,
                                   force=args.force)

@@ -56,11 +56,11 @@ def _engines(args, console) -> Path:
     import torch
 
     from control.buildsys.cpu.pair import build_cpu_pair
-    from control.buildsys.cpu.progress import RichReporter
+    from control.buildsys.cpu.progress import reporter_for
     from control.buildsys.cpu.recipe import QUICK
 
     torch.set_num_threads(os.cpu_count() or 1)
-    reporter = RichReporter(console)
+    reporter = reporter_for(console)
     try:
         build_cpu_pair(quick, QUICK, seed=0, reporter=reporter)
     finally:

@@ -78,11 +78,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from pathlib import Path
 
-    from control.buildsys.cpu.progress import RichReporter
+    from control.buildsys.cpu.progress import reporter_for
     from control.profiler.plot import plot_fit, write_points_csv
     from control.profiler.run import profile_engine_dir, profile_shapes
 
-    reporter = RichReporter()
+    reporter = reporter_for()
     try:
         if args.engine_dir:
             res = profile_engine_dir(args.engine_dir, device=args.device, grid=grid, reporter=reporter, sku=args.sku)

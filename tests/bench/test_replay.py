@@ -250,6 +250,32 @@ def test_replay_bar_over_several_policy_seeds_reports_the_mean_and_the_worst(tmp
     assert bad.returncode == 2 and "--seeds 0" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_replay_bar_repeat_serves_the_record_several_times_over(tmp_path):
+    """--repeat 2: every request of the record arrives twice, so each run generates twice the tokens
+    and prefills every request twice; the header says so; --repeat 0 is refused."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = [sys.executable, str(root / "benchmarks" / "replay_bar.py"), "--batches", "32", "--breakdown"]
+    splits = []
+    for n in (1, 2):
+        p = subprocess.run([*script, "--repeat", str(n), "--json", str(tmp_path / f"rows{n}.json")], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert ("served 2 times over" in p.stdout) == (n == 2)
+        splits.append(json.loads((tmp_path / f"rows{n}.json").read_text())[0]["best_fixed_split"])
+    record = ReplayRecord.load(root / "control" / "bench" / "data" / "replay-stdlib-quick.npz")
+    assert splits[1]["prefill_iters"] >= 2 * -(-record.n // 32)
+    assert 1.8 * splits[0]["busy_s"] < splits[1]["busy_s"] < 2.2 * splits[0]["busy_s"]
+    bad = subprocess.run([*script, "--repeat", "0"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--repeat 0" in bad.stderr and "Traceback" not in bad.stderr
+
+
 @pytest.mark.parametrize("drafter", ["draft-small", "draft-tiny"])
 def test_a_fixed_k_prefills_the_draft_model_it_names(record, profile, drafter):
     """A fixed k on a named draft model prefills that model's state, as the reference executor does
