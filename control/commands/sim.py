@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from control.bench.metrics import SLOTargets
     from control.bench.simrun import SimSetup, measure_capacity, sweep
     from control.bench.workloads import load_workload
+    from control.buildsys.cpu.progress import reporter_for
     from control.errors import ConfigError
     from control.profile import load_profile
 
@@ -136,15 +137,23 @@ def run(args: argparse.Namespace) -> int:
         con.print("loads from --qps: " + ", ".join(f"{q:g} req/s = {x:.3g}" for q, x in zip(args.qps, args.loads, strict=True)))
     seeds = list(range(args.seeds))
     total = len(args.loads) * len(seeds) * len(args.policies)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=con, transient=True) as prog:
-        task = prog.add_task("simulating", total=total)
 
-        def tick(msg: str) -> None:
-            prog.update(task, advance=1, description=msg)
+    def simulate(tick):
+        return sweep(setup, args.loads, args.policies, seeds, requests=args.requests, capacity=capacity,
+                     series_policy=args.series_policy, progress=tick, workers=args.workers)
 
-        res = sweep(setup, args.loads, args.policies, seeds, requests=args.requests, capacity=capacity,
-                    series_policy=args.series_policy, progress=tick, workers=args.workers)
+    if con.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=con, transient=True) as prog:
+            task = prog.add_task("simulating", total=total)
+            res = simulate(lambda msg: prog.update(task, advance=1, description=msg))
+    else:  # a log or a pipe: timed lines (rich would draw nothing until the end)
+        lines = reporter_for(con)
+        lines.phase("simulating", total)
+        try:
+            res = simulate(lambda msg: lines.advance(1, last=msg.split(" ", 1)[1]))
+        finally:
+            lines.close()
     meta = {
         "command": "specctl sim",
         "profile": f"{profile.sku}/{profile.pair} ({profile.source})",
