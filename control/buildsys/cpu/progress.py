@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-LINE_EVERY_S = 30.0  # seconds between a plain reporter's lines within a phase: a 50-minute build that
-# wrote nothing between its phases looked hung in a CI log
+LINE_EVERY_S = 30.0  # seconds between a plain reporter's lines within a phase (the full CPU pair's target
+# trains for about 14 minutes in one phase)
 
 
 class Reporter(Protocol):
