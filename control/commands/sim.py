@@ -108,13 +108,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from control.bench import report
     from control.bench.metrics import SLOTargets
     from control.bench.simrun import SimSetup, measure_capacity, sweep
     from control.bench.workloads import load_workload
-    from control.buildsys.cpu.progress import reporter_for
     from control.errors import ConfigError
     from control.profile import load_profile
 
@@ -137,23 +135,9 @@ def run(args: argparse.Namespace) -> int:
         con.print("loads from --qps: " + ", ".join(f"{q:g} req/s = {x:.3g}" for q, x in zip(args.qps, args.loads, strict=True)))
     seeds = list(range(args.seeds))
     total = len(args.loads) * len(seeds) * len(args.policies)
-
-    def simulate(tick):
-        return sweep(setup, args.loads, args.policies, seeds, requests=args.requests, capacity=capacity,
-                     series_policy=args.series_policy, progress=tick, workers=args.workers)
-
-    if con.is_terminal:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=con, transient=True) as prog:
-            task = prog.add_task("simulating", total=total)
-            res = simulate(lambda msg: prog.update(task, advance=1, description=msg))
-    else:  # a log or a pipe: timed lines (rich would draw nothing until the end)
-        lines = reporter_for(con)
-        lines.phase("simulating", total)
-        try:
-            res = simulate(lambda msg: lines.advance(1, last=msg.split(" ", 1)[1]))
-        finally:
-            lines.close()
+    res = _with_progress(con, total, lambda tick: sweep(
+        setup, args.loads, args.policies, seeds, requests=args.requests, capacity=capacity,
+        series_policy=args.series_policy, progress=tick, workers=args.workers))
     meta = {
         "command": "specctl sim",
         "profile": f"{profile.sku}/{profile.pair} ({profile.source})",
@@ -191,3 +175,23 @@ def run(args: argparse.Namespace) -> int:
     if any(r["policy"] == "adaptive" for r in res.rows):
         print(report.bar_check(res.rows)[1])
     return 0
+
+
+def _with_progress(con, total: int, simulate):
+    """``simulate(tick)``'s result, its ``total`` runs shown on ``con``: a transient bar on a terminal,
+    timed lines in a log or a pipe (rich would draw nothing until the end)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from control.buildsys.cpu.progress import reporter_for
+
+    if con.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=con, transient=True) as prog:
+            task = prog.add_task("simulating", total=total)
+            return simulate(lambda msg: prog.update(task, advance=1, description=msg))
+    lines = reporter_for(con)
+    lines.phase("simulating", total)
+    try:
+        return simulate(lambda msg: lines.advance(1, last=msg.split(" ", 1)[1]))
+    finally:
+        lines.close()
