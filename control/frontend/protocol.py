@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from control.triton.llm_request import MAX_WORD_BYTES
+from control.triton.llm_request import MAX_WORD_CHARS
 
 MAX_STOP_WORDS = 4  # as OpenAI
 # OpenAI's request fields for what this server does not do (tools, response formats, audio, stored
@@ -101,8 +101,8 @@ class Sampling(BaseModel):
         if any(not w for w in words):
             raise ValueError("stop: sequences must be non-empty strings")
         longest = max(map(len, words), default=0)
-        if longest > MAX_WORD_BYTES:  # the llm model's limit, checked here to name the OpenAI field
-            raise ValueError(f"stop: a sequence of {longest} characters; at most {MAX_WORD_BYTES} are accepted")
+        if longest > MAX_WORD_CHARS:  # the llm model's limit, checked here to name the OpenAI field
+            raise ValueError(f"stop: a sequence of {longest} characters; at most {MAX_WORD_CHARS} are accepted")
         for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
             if getattr(self, name) != neutral:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: penalties are not supported; only {neutral} is "

@@ -49,7 +49,7 @@ INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
 MAX_POLICY_CHARS = 200  # longer policy names are refused before parsing
 MAX_WORDS = 64  # stop or bad words per request
-MAX_WORD_BYTES = 1024
+MAX_WORD_CHARS = 1024  # characters in one stop or bad word
 
 # Every input of the llm model: name -> Triton dtype (as triton_repo/llm/config.pbtxt.in declares it).
 INPUTS = {
@@ -165,8 +165,8 @@ def _words(name: str, arr: np.ndarray, encode: Callable[[str], list[int]]) -> tu
     out, texts = [], []
     for w in flat:
         s = w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w)
-        if len(s) > MAX_WORD_BYTES:
-            raise ConfigError(f"{name}: a word of {len(s)} characters; at most {MAX_WORD_BYTES}")
+        if len(s) > MAX_WORD_CHARS:
+            raise ConfigError(f"{name}: a word of {len(s)} characters; at most {MAX_WORD_CHARS}")
         if s:
             ids = encode(s)
             if ids:
