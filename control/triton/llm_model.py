@@ -22,7 +22,8 @@ host's ``describe()`` to its stats. ``LlmModel``:
   never splitting a multi-byte character); a request whose client cancelled or went away is cancelled
   in the executor before a step, which frees its KV slot at once: before each step a fixed number of
   the running and of the queued requests are asked in turn (``CancelWatch``), so the loop's own work
-  per step does not grow with the queue; an error in one request or one step never takes the loop down.
+  per step does not grow with the queue; an error in one request, one step or the loop's own work
+  (asking about cancellation, delivering) never takes the loop down.
   A request the executor fails alone (``FinishReason.error``) gets an error response with its reason.
 - Errors are errors: a refused request raises out of ``execute`` (Triton counts it in
   ``nv_inference_request_failure``); a step that fails answers every request in it with an error
@@ -31,7 +32,8 @@ host's ``describe()`` to its stats. ``LlmModel``:
   when ``execute`` returns (``python_be.cc``, ``PbMetricReporter``), before any token is made.
   ``control/triton/faults.py`` can inject such a failure for the tests.
 - A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
-  agent follows, the last step's k) as JSON in ``text_output``.
+  agent follows, the last step's k, whether the engine loop is alive and how long since it last
+  stepped or woke idle) as JSON in ``text_output``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,13 @@ import numpy as np
 from control.agent.wire import K_BUCKETS
 from control.executors.base import FinishReason, RequestOutput
 from control.triton.cancel_watch import CancelWatch
-from control.triton.faults import failing_step, step_fault_prefix
+from control.triton.faults import (
+    DELIVER_FAULT_ENV,
+    STEP_FAULT_ENV,
+    failing_deliver,
+    failing_step,
+    fault_prefix,
+)
 from control.triton.hosts import build_hosted
 from control.triton.llm_request import GenerateRequest, Limits
 from control.triton.sender import (
@@ -58,6 +66,7 @@ from control.triton.sender import (
 
 log = logging.getLogger("specctl.triton.llm")
 SHUTDOWN_JOIN_S = 10.0
+IDLE_WAIT_S = 0.5  # how often an idle loop wakes (and marks its progress) without a request arriving
 
 
 def load_model(pb, args: dict[str, Any]) -> LlmModel:
@@ -90,8 +99,11 @@ class LlmModel(ResponseSender):
         self._drafter_names = tuple(self.engine.capabilities.drafters)
         self._drafter_steps = np.zeros(len(self._drafter_names), dtype=np.int64)  # drafting request-steps by drafter
         self._watch = CancelWatch()
-        prefix = step_fault_prefix()
+        self._progress_at = time.monotonic()  # the loop's last step or idle wake-up
+        prefix = fault_prefix(STEP_FAULT_ENV)
         self._step = failing_step(self.engine.step, self.live, prefix) if prefix else self.engine.step
+        prefix = fault_prefix(DELIVER_FAULT_ENV)
+        self._deliver_one = failing_deliver(self._deliver, self.live, prefix) if prefix else self._deliver
         self._thread = threading.Thread(target=self._loop, name=f"{self.instance}-engine", daemon=True)
         self._thread.start()
         if self.agent is not None:
@@ -150,32 +162,45 @@ class LlmModel(ResponseSender):
         while True:
             with self._cond:
                 while not self._stop and not engine.has_work():
-                    self._cond.wait(0.5)
+                    self._progress_at = time.monotonic()
+                    self._cond.wait(IDLE_WAIT_S)
                 if self._stop:
                     return
-            self._reap_cancelled()
             try:
-                outs = self._step()
-            except Exception as e:  # a failed step fails the requests in it, never the loop
+                self._iterate()
+            except Exception as e:  # the loop's own bookkeeping failed: its requests get the reason, never a hang
                 with self._reg:
                     self._step_failed(e)
-                continue
-            st = engine.last_stats
-            c = self.counters
-            c.totals.add(st)
-            c.generated += st.generated
-            if st.decode_batch:
-                k = np.asarray(st.k, dtype=np.int64)
-                self._k_hist += np.bincount(np.clip(k, 0, K_BUCKETS - 1), minlength=K_BUCKETS)
-                self._count_drafters(k, st.drafter)
-            self._last_k = list(st.k)
-            t, tc = time.perf_counter(), time.thread_time()
+            self._progress_at = time.monotonic()
+
+    def _iterate(self) -> None:
+        """Ask about cancellations, run one step, deliver its outputs."""
+        self._reap_cancelled()
+        try:
+            outs = self._step()
+        except Exception as e:  # a failed step fails the requests in it, never the loop
             with self._reg:
-                for out in outs:
-                    self._deliver(out)
-            c.deliver_ms += (time.perf_counter() - t) * 1e3
-            c.deliver_cpu_ms += (time.thread_time() - tc) * 1e3
-            self._watch.ran(out.request_id for out in outs if not out.finished)
+                self._step_failed(e)
+            return
+        st = self.engine.last_stats
+        c = self.counters
+        c.totals.add(st)
+        c.generated += st.generated
+        if st.decode_batch:
+            k = np.asarray(st.k, dtype=np.int64)
+            self._k_hist += np.bincount(np.clip(k, 0, K_BUCKETS - 1), minlength=K_BUCKETS)
+            self._count_drafters(k, st.drafter)
+        self._last_k = list(st.k)
+        t, tc = time.perf_counter(), time.thread_time()
+        with self._reg:
+            for out in outs:
+                try:
+                    self._deliver_one(out)
+                except Exception as e:  # this request alone: it gets the reason, the rest of the step goes out
+                    self._deliver_failed(out, e)
+        c.deliver_ms += (time.perf_counter() - t) * 1e3
+        c.deliver_cpu_ms += (time.thread_time() - tc) * 1e3
+        self._watch.ran(out.request_id for out in outs if not out.finished)
 
     def _count_drafters(self, k: np.ndarray, drafter: list[int]) -> None:
         """Add the step's drafting request-steps (k > 0) to their drafters' counts."""
@@ -200,7 +225,11 @@ class LlmModel(ResponseSender):
 
     def _cancel(self, rid: int, live: Live) -> None:
         self.live.pop(rid, None)
-        self.engine.cancel(rid)  # between steps: the KV slot is freed now
+        try:
+            self.engine.cancel(rid)  # between steps: the KV slot is freed now
+        except Exception as e:  # the client has gone all the same: it still gets its final flag
+            log.exception("llm %s: cancelling request %d in the executor", self.instance, rid)
+            self.counters.last_error = f"cancel: {type(e).__name__}: {e}"
         self.counters.cancelled += 1
         self.metrics.cancelled(tokens=live.generated, drafted=live.drafted, accepted=live.accepted)
         try:
@@ -249,6 +278,18 @@ class LlmModel(ResponseSender):
                                   ttft_s=(live.first_token_s or now) - live.started, tokens=out.num_generated,
                                   drafted=out.total_drafted, accepted=out.total_accepted)
 
+    def _deliver_failed(self, out: RequestOutput, e: Exception) -> None:
+        """Delivering ``out`` raised (not a send: those are handled in ``_deliver``): the request ends
+        with the reason, in the executor too, so it neither hangs nor holds its KV slot."""
+        live = self.live.get(out.request_id)
+        log.exception("llm %s: delivering request %d's output", self.instance, out.request_id)
+        if live is None:
+            return
+        if not out.finished:
+            self.engine.cancel(out.request_id)
+        self._request_failed(live, f"the server failed while answering this request ({type(e).__name__}: {e}); "
+                                   "retry it")
+
     def _request_failed(self, live: Live, message: str) -> None:
         """The executor failed this request alone: it gets the reason, the rest go on."""
         self.live.pop(live.rid, None)
@@ -265,7 +306,10 @@ class LlmModel(ResponseSender):
         self.counters.last_error = f"step: {type(e).__name__}: {e}"
         for rid, live in list(self.live.items()):
             self.live.pop(rid, None)
-            self.engine.cancel(rid)
+            try:
+                self.engine.cancel(rid)
+            except Exception:  # the request is answered all the same
+                log.exception("llm %s: cancelling request %d after a failed step", self.instance, rid)
             self.counters.failed += 1
             self.metrics.failed()
             self._send_error(live.sender, f"the engine failed while running this request ({type(e).__name__}: {e}); "
@@ -293,6 +337,9 @@ class LlmModel(ResponseSender):
             "k_hist": self._k_hist.tolist(),
             "drafter_steps": dict(zip(self._drafter_names, self._drafter_steps.tolist(), strict=True)),
             "policy": self.current_policy(),
+            # a loop that is not alive, or whose last step or idle wake-up is long past, serves nobody
+            "loop": {"alive": self._thread.is_alive(),
+                     "since_progress_s": round(time.monotonic() - self._progress_at, 3)},
             **self.hosted.describe(),
         }
         if self.agent is not None:

@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from control.clients.triton import model_stats
+from control.clients.triton import RequestError, model_stats
 from control.triton.deploy import Deployment, DeploymentConfig
+from control.triton.supervisor import stub_pids
 
 TOKEN = "e2e-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -20,6 +21,12 @@ MAX_TOKENS_LIMIT = 960
 # A prompt starting with these token ids makes the model's engine step fail once it has produced
 # tokens (control/triton/faults.py): the engine-failure path, through the real server.
 FAULT_PREFIX = (3, 1, 4, 1, 5, 9, 2, 6)
+# And these make the delivery of its output fail instead (the loop's own work, for one request).
+DELIVER_FAULT_PREFIX = (2, 7, 1, 8, 2, 8, 1, 8)
+# Before each test of the shared deployment: how long the llm model has to answer a stats request,
+# and how long its engine loop may go without a step or an idle wake-up (either is ~0.5 s at most).
+STATS_TIMEOUT_S = 20.0
+LOOP_STALL_S = 30.0
 
 
 @pytest.fixture(scope="session")
@@ -28,13 +35,49 @@ def deployment(quick_engines, tmp_path_factory):
     cfg = DeploymentConfig(engine_dir=Path(quick_engines), run_dir=run, http_port=0, grpc_port=0, metrics_port=0,
                            control_port=0, token=TOKEN, max_batch=MAX_BATCH, max_tokens=MAX_TOKENS_LIMIT,
                            service_args=FAST_REPLAN)
-    from control.triton.faults import STEP_FAULT_ENV
+    from control.triton.faults import DELIVER_FAULT_ENV, STEP_FAULT_ENV
 
     with pytest.MonkeyPatch.context() as env:  # tritonserver inherits the environment at start
         env.setenv(STEP_FAULT_ENV, ",".join(map(str, FAULT_PREFIX)))
+        env.setenv(DELIVER_FAULT_ENV, ",".join(map(str, DELIVER_FAULT_PREFIX)))
         dep = Deployment(cfg).start()
     yield dep
     dep.stop()
+
+
+@pytest.fixture(scope="session")
+def deployment_stubs(deployment) -> frozenset[int]:
+    """The Python backend stubs of the session's tritonserver, as the first test to use it found them."""
+    return frozenset(stub_pids(deployment.triton.proc.pid))
+
+
+@pytest.fixture(autouse=True)
+def deployment_alive(request):
+    """A test of the shared deployment fails at once, naming the cause, when an earlier test left its
+    tritonserver or one of its stubs dead: each request would otherwise wait out its own timeout, and
+    every later test with it (Triton keeps a dead stub's requests unanswered and reports itself ready)."""
+    if "deployment" in request.fixturenames:
+        dep = request.getfixturevalue("deployment")
+        want = request.getfixturevalue("deployment_stubs")
+        code = dep.triton.proc.poll()
+        if code is not None:
+            pytest.fail(f"tritonserver exited (code {code}) during an earlier test: {dep.triton.log_tail()}")
+        gone = sorted(want - stub_pids(dep.triton.proc.pid))
+        if gone:
+            pytest.fail(f"a Python backend stub of tritonserver (pid {gone}) died during an earlier test: "
+                        f"{dep.triton.log_tail()}")
+        _assert_loop_serving(dep)
+    yield
+
+
+def _assert_loop_serving(dep: Deployment) -> None:
+    """The llm model answers a stats request, and its engine loop is alive and moving."""
+    try:
+        loop = model_stats(dep.http_url, timeout_s=STATS_TIMEOUT_S)["loop"]
+    except RequestError as e:
+        pytest.fail(f"the llm model did not answer a stats request after an earlier test ({e}): {dep.triton.log_tail()}")
+    if not loop["alive"] or loop["since_progress_s"] > LOOP_STALL_S:
+        pytest.fail(f"the llm model's engine loop stopped during an earlier test ({loop}): {dep.triton.log_tail()}")
 
 
 def set_policy(dep: Deployment, policy: str | None, timeout_s: float = 5.0) -> float:

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc.aio as aio
 
 from control.clients.triton import GenParams, grpc_generate, model_stats, stream_generate
-from tests.e2e.conftest import FAULT_PREFIX
+from tests.e2e.conftest import DELIVER_FAULT_PREFIX, FAULT_PREFIX
 from tests.e2e.prompts import PROMPTS
 
 pytestmark = pytest.mark.e2e
@@ -81,6 +81,29 @@ def test_an_engine_failure_over_http_is_a_server_error_naming_it(deployment, ref
     r = httpx.post(f"{deployment.http_url}/v2/models/llm/generate", json={"input_ids": prompt, "max_tokens": 16},
                    timeout=60)
     assert r.status_code >= 400 and "the engine failed while running this request" in r.json()["error"], r.text
+
+
+def test_a_delivery_failure_ends_that_request_alone_and_the_loop_goes_on(deployment, reference):
+    faulty = list(DELIVER_FAULT_PREFIX) + reference.loaded.encode(PROMPTS[0])
+    before = model_stats(deployment.http_url)
+
+    async def run():
+        client = aio.InferenceServerClient(deployment.grpc_url)
+        try:
+            jobs = [stream_generate(client, p, GenParams(max_tokens=24)) for p in (PROMPTS[1], faulty, PROMPTS[2])]
+            return await asyncio.wait_for(asyncio.gather(*jobs), 60)
+        finally:
+            await client.close()
+
+    ok1, bad, ok2 = asyncio.run(run())
+    assert bad.token_ids and len(bad.token_ids) < 24, "the fault fires from the request's second delivery on"
+    assert bad.error is not None and "the server failed while answering this request" in bad.error, bad.error
+    assert "InjectedFault" in bad.error and "retry it" in bad.error
+    # the requests beside it in the same steps are served in full, token for token
+    assert [ok1.token_ids, ok2.token_ids] == reference([PROMPTS[1], PROMPTS[2]], 24)
+    after = model_stats(deployment.http_url)
+    assert after["failed"] == before["failed"] + 1 and after["step_errors"] == before["step_errors"]
+    assert after["kv_slots_in_use"] == 0 and after["active_requests"] == 0
 
 
 def test_refused_grpc_requests_count_as_failures_in_triton(deployment):

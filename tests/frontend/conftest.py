@@ -9,7 +9,13 @@ import pytest
 
 from control.frontend.process import FrontendProcess, frontend_args
 from control.triton.server import free_port
-from tests.e2e.conftest import deployment, policy, reference  # noqa: F401  (shared session fixtures)
+from tests.e2e.conftest import (  # noqa: F401  (shared session fixtures, and the liveness check)
+    deployment,
+    deployment_alive,
+    deployment_stubs,
+    policy,
+    reference,
+)
 
 MAX_K = 8
 
