@@ -57,6 +57,25 @@ class Observing:
         self.inner.observe(outcome)
 
 
+# What a failing test that used the live deployment shows of it: the servers' logs, so a failure in
+# CI (where the run directory is gone afterwards) carries its cause with it.
+SERVER_LOGS = ("tritonserver.log", "control-plane.log", "frontend.log")
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    dep = item.funcargs.get("deployment") if report.failed and hasattr(item, "funcargs") else None
+    run_dir = getattr(dep, "run_dir", None)
+    for name in SERVER_LOGS if run_dir is not None else ():
+        log = Path(run_dir) / name
+        if log.is_file():
+            tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"{name}, last {len(tail)} lines", "\n".join(tail)))
+    return report
+
+
 @pytest.fixture
 def profile():
     return make_profile()
