@@ -6,6 +6,7 @@ metrics port; a refused request raises out of execute(), so Triton counts it in
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 
@@ -14,6 +15,8 @@ import pytest
 import tritonclient.grpc.aio as aio
 
 from control.clients.triton import GenParams, grpc_generate, model_stats, stream_generate
+from control.triton.stacks import STACKS_SIGNAL
+from control.triton.supervisor import stub_pids
 from tests.e2e.conftest import DELIVER_FAULT_PREFIX, FAULT_PREFIX
 from tests.e2e.prompts import PROMPTS
 
@@ -146,3 +149,22 @@ def test_a_stream_cancelled_mid_generation_is_counted_as_cancelled_with_its_toke
     assert _counter(text, "specctl_requests_total", outcome="completed") == completed0
     generated = _counter(text, "specctl_generated_tokens_total") - tokens0
     assert received <= generated < 900  # what it got, and what was generated before the cancel took hold
+
+
+def test_usr1_writes_every_stub_s_stacks_to_the_log_and_stops_none(deployment):
+    log = deployment.run_dir / "tritonserver.log"
+    stubs, size = stub_pids(deployment.triton.proc.pid), log.stat().st_size
+    assert len(stubs) >= 2  # llm, and the forwarding models
+    for pid in stubs:
+        os.kill(pid, STACKS_SIGNAL)
+    deadline = time.monotonic() + 10
+    while True:
+        with open(log, errors="replace") as f:
+            f.seek(size)
+            dumped = f.read()
+        if dumped.count("most recent call first") >= len(stubs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert "control/triton/llm_model.py" in dumped and "in _loop" in dumped, dumped[-2000:]
+    assert stub_pids(deployment.triton.proc.pid) == stubs
+    assert len(grpc_generate(deployment.grpc_url, PROMPTS[1], GenParams(max_tokens=4)).token_ids) == 4
