@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 
 import httpx
@@ -69,16 +71,34 @@ def test_client_leaving_mid_stream_frees_the_request(frontend, deployment):
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (3, 0), s
 
 
+def _post_and_leave(frontend, deployment, route: str, body: dict) -> None:
+    """POST ``body`` and close the connection, unread, once the model has the request: however slow the
+    machine, the client leaves while the answer is being generated."""
+    host, port = frontend.url.removeprefix("http://").rsplit(":", 1)
+    data = json.dumps(body).encode()
+    head = (f"POST /v1/{route} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n").encode()
+    before = model_stats(deployment.http_url)["requests"]
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head + data)
+        deadline = time.monotonic() + 30
+        while model_stats(deployment.http_url)["requests"] == before:
+            assert time.monotonic() < deadline, "the request did not reach the model within 30 s"
+            time.sleep(0.02)
+
+
 @pytest.mark.parametrize("route", ["completions", "chat/completions"])
 def test_client_leaving_before_a_whole_answer_frees_the_request(frontend, deployment, route):
     body = {"model": "llm", "max_tokens": 900, "temperature": 0}
     body |= {"prompt": "def main():\n"} if route == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
     before = model_stats(deployment.http_url)
     for _ in range(2):
-        with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 900 tokens
-            httpx.post(f"{frontend.url}/v1/{route}", json=body, timeout=httpx.Timeout(60, read=0.5))
+        _post_and_leave(frontend, deployment, route, body)  # long before 900 tokens
     s = _settled(deployment)
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (2, 0), s
-    # the front end still answers whole requests
+    # the front end still answers whole requests, and a client that gives up is still one that left
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{frontend.url}/v1/{route}", json=body, timeout=httpx.Timeout(60, read=0.5))
     r = httpx.post(f"{frontend.url}/v1/{route}", json=body | {"max_tokens": 4}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    assert _settled(deployment)["completed"] - before["completed"] == 1
