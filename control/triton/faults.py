@@ -26,7 +26,7 @@ class InjectedFault(RuntimeError):
     """The failure asked for by ``SPECCTL_INJECT_STEP_FAULT`` or ``SPECCTL_INJECT_DELIVER_FAULT``."""
 
 
-def fault_prefix(name: str = STEP_FAULT_ENV, environ: Mapping[str, str] = os.environ) -> tuple[int, ...]:
+def fault_prefix(name: str, environ: Mapping[str, str] = os.environ) -> tuple[int, ...]:
     """The prompt prefix that triggers the fault ``name`` names; () when none is set."""
     raw = environ.get(name, "").strip()
     if not raw:

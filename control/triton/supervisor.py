@@ -19,9 +19,10 @@ is ``triton_python_backend_stub``.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,6 +85,15 @@ def _exe_name(pid: int) -> str:
 def stub_pids(server_pid: int) -> set[int]:
     """The live Python backend stubs under tritonserver ``server_pid``."""
     return {p for p in descendants(server_pid) if _exe_name(p) == STUB_NAME and process_alive(p)}
+
+
+def lost_part(server: subprocess.Popen, stubs: Iterable[int]) -> str | None:
+    """What of a started tritonserver died: the server itself, or one of ``stubs`` (the Python backend
+    stubs it had once ready); None while all of them live."""
+    if server.poll() is not None:
+        return f"tritonserver exited (code {server.returncode})"
+    dead = sorted(p for p in stubs if not process_alive(p))
+    return f"a Python backend stub of tritonserver (pid {', '.join(map(str, dead))}) died" if dead else None
 
 
 @dataclass
@@ -150,13 +160,9 @@ class Supervisor:
             return None
         if self.triton_started_at is not None:
             return self._await_ready(server)
-        if server.proc.poll() is not None:
-            why = f"tritonserver exited (code {server.proc.returncode})"
-        else:
-            dead = sorted(p for p in self.stubs if not process_alive(p))
-            if not dead:
-                return None
-            why = f"the llm model's Python stub (pid {', '.join(map(str, dead))}) died"
+        why = lost_part(server.proc, self.stubs)
+        if why is None:
+            return None
         give_up = self._restart_allowed("tritonserver", "failed")
         if give_up:
             return f"{why}; {give_up}"

@@ -14,7 +14,7 @@ import pytest
 from control.clients.triton import RequestError, model_stats
 from control.triton.deploy import Deployment, DeploymentConfig
 from control.triton.stacks import STACKS_SIGNAL
-from control.triton.supervisor import stub_pids
+from control.triton.supervisor import lost_part, stub_pids
 
 TOKEN = "e2e-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -62,14 +62,9 @@ def deployment_alive(request):
     every later test with it (Triton keeps a dead stub's requests unanswered and reports itself ready)."""
     if "deployment" in request.fixturenames:
         dep = request.getfixturevalue("deployment")
-        want = request.getfixturevalue("deployment_stubs")
-        code = dep.triton.proc.poll()
-        if code is not None:
-            pytest.fail(f"tritonserver exited (code {code}) during an earlier test: {dep.triton.log_tail()}")
-        gone = sorted(want - stub_pids(dep.triton.proc.pid))
-        if gone:
-            pytest.fail(f"a Python backend stub of tritonserver (pid {gone}) died during an earlier test: "
-                        f"{dep.triton.log_tail()}")
+        why = lost_part(dep.triton.proc, request.getfixturevalue("deployment_stubs"))  # as `specctl serve` checks
+        if why:
+            pytest.fail(f"{why} during an earlier test: {dep.triton.log_tail()}")
         _assert_loop_serving(dep)
     yield
 
@@ -79,15 +74,16 @@ def _assert_loop_serving(dep: Deployment) -> None:
     try:
         loop = model_stats(dep.http_url, timeout_s=STATS_TIMEOUT_S)["loop"]
     except RequestError as e:
-        _dump_stub_stacks(dep)
+        dump_stub_stacks(dep)
         pytest.fail(f"the llm model did not answer a stats request after an earlier test ({e}): {dep.triton.log_tail()}")
     if not loop["alive"] or loop["since_progress_s"] > LOOP_STALL_S:
-        _dump_stub_stacks(dep)
+        dump_stub_stacks(dep)
         pytest.fail(f"the llm model's engine loop stopped during an earlier test ({loop}): {dep.triton.log_tail()}")
 
 
-def _dump_stub_stacks(dep: Deployment) -> None:
-    """Have every stub write its threads' stacks to the tritonserver log (which the report then shows)."""
+def dump_stub_stacks(dep: Deployment) -> None:
+    """Have every stub write its threads' stacks to the tritonserver log (which a failing test's report
+    shows), and give them a moment to."""
     for pid in stub_pids(dep.triton.proc.pid):
         with contextlib.suppress(OSError):
             os.kill(pid, STACKS_SIGNAL)

@@ -6,7 +6,6 @@ metrics port; a refused request raises out of execute(), so Triton counts it in
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 
@@ -15,9 +14,8 @@ import pytest
 import tritonclient.grpc.aio as aio
 
 from control.clients.triton import GenParams, grpc_generate, model_stats, stream_generate
-from control.triton.stacks import STACKS_SIGNAL
 from control.triton.supervisor import stub_pids
-from tests.e2e.conftest import DELIVER_FAULT_PREFIX, FAULT_PREFIX
+from tests.e2e.conftest import DELIVER_FAULT_PREFIX, FAULT_PREFIX, dump_stub_stacks
 from tests.e2e.prompts import PROMPTS
 
 pytestmark = pytest.mark.e2e
@@ -155,8 +153,7 @@ def test_usr1_writes_every_stub_s_stacks_to_the_log_and_stops_none(deployment):
     log = deployment.run_dir / "tritonserver.log"
     stubs, size = stub_pids(deployment.triton.proc.pid), log.stat().st_size
     assert len(stubs) >= 2  # llm, and the forwarding models
-    for pid in stubs:
-        os.kill(pid, STACKS_SIGNAL)
+    dump_stub_stacks(deployment)
     deadline = time.monotonic() + 10
     while True:
         with open(log, errors="replace") as f:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from control.triton.supervisor import RestartBudget, descendants, process_alive, stub_pids
+from control.triton.supervisor import RestartBudget, descendants, lost_part, process_alive, stub_pids
 
 
 def test_the_restart_budget_refuses_a_burst_and_recovers_after_its_window():
@@ -30,3 +30,29 @@ def test_processes_are_seen_through_proc():
         time.sleep(0.01)
     assert not process_alive(child.pid)
     child.wait()
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+
+
+def _until_dead(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 5
+    while process_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_lost_part_names_a_dead_stub_then_a_server_that_exited():
+    server, stub = _sleeper(), _sleeper()
+    try:
+        assert lost_part(server, {stub.pid}) is None
+        stub.kill()
+        _until_dead(stub)
+        assert lost_part(server, {stub.pid}) == f"a Python backend stub of tritonserver (pid {stub.pid}) died"
+        server.kill()
+        server.wait()
+        assert lost_part(server, {stub.pid}) == f"tritonserver exited (code {server.returncode})"
+    finally:
+        for p in (server, stub):
+            p.kill()
+            p.wait()
