@@ -60,7 +60,7 @@ class Observing:
 # What a failing test that used the live deployment shows of it: the servers' logs, so a failure in
 # CI (where the run directory is gone afterwards) carries its cause with it.
 SERVER_LOGS = ("tritonserver.log", "control-plane.log", "frontend.log")
-LOG_TAIL_LINES = 120  # room for a stub's thread stacks (tests/e2e/conftest.py)
+LOG_TAIL_LINES = 120
 
 
 @pytest.hookimpl(wrapper=True)

@@ -31,7 +31,6 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.triton.llm_request import check_parameters
-from control.triton.stacks import stacks_on_signal
 
 log = logging.getLogger("specctl.triton.forward")
 
@@ -53,7 +52,6 @@ class ForwardModel:
     """What the Triton Python model does; ``pb`` is ``triton_python_backend_utils``."""
 
     def __init__(self, pb, args: dict[str, Any]) -> None:
-        stacks_on_signal()
         self.pb = pb
         config = json.loads(args["model_config"])
         self.name = config.get("name", "ensemble")

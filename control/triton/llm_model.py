@@ -63,7 +63,6 @@ from control.triton.sender import (
     Live,
     ResponseSender,
 )
-from control.triton.stacks import stacks_on_signal
 
 log = logging.getLogger("specctl.triton.llm")
 SHUTDOWN_JOIN_S = 10.0
@@ -72,7 +71,6 @@ IDLE_WAIT_S = 0.5  # how often an idle loop wakes (and marks its progress) witho
 
 def load_model(pb, args: dict[str, Any]) -> LlmModel:
     """The llm model for this config (``args`` as Triton passes them to ``initialize``)."""
-    stacks_on_signal()
     return LlmModel(pb, args)
 
 

@@ -3,8 +3,6 @@ CPU pair through the ``llm`` model (started once; the tests share it and restore
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from pathlib import Path
 
@@ -13,7 +11,6 @@ import pytest
 
 from control.clients.triton import RequestError, model_stats
 from control.triton.deploy import Deployment, DeploymentConfig
-from control.triton.stacks import STACKS_SIGNAL
 from control.triton.supervisor import lost_part, stub_pids
 
 TOKEN = "e2e-token-0123456789abcdef"
@@ -30,7 +27,6 @@ DELIVER_FAULT_PREFIX = (2, 7, 1, 8, 2, 8, 1, 8)
 # and how long its engine loop may go without a step or an idle wake-up (either is ~0.5 s at most).
 STATS_TIMEOUT_S = 20.0
 LOOP_STALL_S = 30.0
-STACKS_WAIT_S = 1.0  # for the stubs to write their stacks after the signal
 
 
 @pytest.fixture(scope="session")
@@ -74,20 +70,9 @@ def _assert_loop_serving(dep: Deployment) -> None:
     try:
         loop = model_stats(dep.http_url, timeout_s=STATS_TIMEOUT_S)["loop"]
     except RequestError as e:
-        dump_stub_stacks(dep)
         pytest.fail(f"the llm model did not answer a stats request after an earlier test ({e}): {dep.triton.log_tail()}")
     if not loop["alive"] or loop["since_progress_s"] > LOOP_STALL_S:
-        dump_stub_stacks(dep)
         pytest.fail(f"the llm model's engine loop stopped during an earlier test ({loop}): {dep.triton.log_tail()}")
-
-
-def dump_stub_stacks(dep: Deployment) -> None:
-    """Have every stub write its threads' stacks to the tritonserver log (which a failing test's report
-    shows), and give them a moment to."""
-    for pid in stub_pids(dep.triton.proc.pid):
-        with contextlib.suppress(OSError):
-            os.kill(pid, STACKS_SIGNAL)
-    time.sleep(STACKS_WAIT_S)
 
 
 def set_policy(dep: Deployment, policy: str | None, timeout_s: float = 5.0) -> float:

@@ -14,8 +14,7 @@ import pytest
 import tritonclient.grpc.aio as aio
 
 from control.clients.triton import GenParams, grpc_generate, model_stats, stream_generate
-from control.triton.supervisor import stub_pids
-from tests.e2e.conftest import DELIVER_FAULT_PREFIX, FAULT_PREFIX, dump_stub_stacks
+from tests.e2e.conftest import DELIVER_FAULT_PREFIX, FAULT_PREFIX
 from tests.e2e.prompts import PROMPTS
 
 pytestmark = pytest.mark.e2e
@@ -148,20 +147,3 @@ def test_a_stream_cancelled_mid_generation_is_counted_as_cancelled_with_its_toke
     generated = _counter(text, "specctl_generated_tokens_total") - tokens0
     assert received <= generated < 900  # what it got, and what was generated before the cancel took hold
 
-
-def test_usr1_writes_every_stub_s_stacks_to_the_log_and_stops_none(deployment):
-    log = deployment.run_dir / "tritonserver.log"
-    stubs, size = stub_pids(deployment.triton.proc.pid), log.stat().st_size
-    assert len(stubs) >= 2  # llm, and the forwarding models
-    dump_stub_stacks(deployment)
-    deadline = time.monotonic() + 10
-    while True:
-        with open(log, errors="replace") as f:
-            f.seek(size)
-            dumped = f.read()
-        if dumped.count("most recent call first") >= len(stubs) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert "control/triton/llm_model.py" in dumped and "in _loop" in dumped, dumped[-2000:]
-    assert stub_pids(deployment.triton.proc.pid) == stubs
-    assert len(grpc_generate(deployment.grpc_url, PROMPTS[1], GenParams(max_tokens=4)).token_ids) == 4
