@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from control.errors import ConfigError
+from control.triton.llm_metrics import LlmMetrics
 from control.triton.llm_request import check_parameters
 
 log = logging.getLogger("specctl.triton.forward")
@@ -58,17 +59,18 @@ class ForwardModel:
         self.decoupled = bool(pb.using_decoupled_model_transaction_policy(config))
         self.inputs = [i["name"] for i in config.get("input", [])]
         self.outputs = [o["name"] for o in config.get("output", []) if o["name"] != "batch_index"]
+        self.metrics = LlmMetrics(pb, self.name, outcomes_only=True)  # the requests it refuses itself
 
-    def execute(self, requests) -> str | None:
-        """Start forwarding each request; returns the error of a batch of one refused request (the
-        Triton entry point raises it, so Triton counts a failed request)."""
+    def execute(self, requests) -> None:
+        """Start forwarding each request; a refused one gets its error through its response sender
+        and counts in ``specctl_requests_total{outcome="rejected"}`` (nothing is raised: see
+        ``control.triton.sender``'s ``execute``)."""
         for request in requests:
             try:
                 check_parameters(request.parameters())
                 rows = self._rows(request)
             except ConfigError as e:
-                if len(requests) == 1:
-                    return str(e)
+                self.metrics.rejected()
                 self._send_error(request.get_response_sender(), str(e), final=True)
                 continue
             wanted = [n for n in request.requested_output_names() if n in self.outputs] or self.outputs

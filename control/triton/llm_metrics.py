@@ -28,7 +28,9 @@ OUTCOMES = ("completed", "cancelled", "rejected", "failed")
 class LlmMetrics:
     """Counters and histograms for one model; ``pb`` is ``triton_python_backend_utils``."""
 
-    def __init__(self, pb: Any, model: str) -> None:
+    def __init__(self, pb: Any, model: str, outcomes_only: bool = False) -> None:
+        """``outcomes_only``: just ``specctl_requests_total`` (a model that forwards to ``llm`` and
+        counts only the requests it refuses itself)."""
         self.enabled = False
         family = getattr(pb, "MetricFamily", None)
         if family is None or not hasattr(family, "HISTOGRAM"):
@@ -48,6 +50,10 @@ class LlmMetrics:
             def histogram(name: str, doc: str, buckets: list[float]):
                 return fam(name, doc, family.HISTOGRAM).Metric(labels=labels, buckets=buckets)
 
+            self.outcomes = {o: counter("specctl_requests_total", "Requests by outcome", outcome=o) for o in OUTCOMES}
+            if outcomes_only:
+                self.enabled = True
+                return
             self.latency = histogram("specctl_generation_latency_seconds",
                                      "Time from a request reaching the model to its last token", LATENCY_BUCKETS_S)
             self.ttft = histogram("specctl_time_to_first_token_seconds",
@@ -56,7 +62,6 @@ class LlmMetrics:
             self.drafted = counter("specctl_draft_tokens_total", "Draft tokens verified for finished and cancelled requests")
             self.accepted = counter("specctl_accepted_draft_tokens_total",
                                     "Draft tokens accepted for finished and cancelled requests")
-            self.outcomes = {o: counter("specctl_requests_total", "Requests by outcome", outcome=o) for o in OUTCOMES}
         except Exception as e:  # metrics must never stop the model from loading
             log.warning("llm: custom metrics disabled (%s: %s)", type(e).__name__, e)
             return

@@ -25,8 +25,9 @@ host's ``describe()`` to its stats. ``LlmModel``:
   per step does not grow with the queue; an error in one request, one step or the loop's own work
   (asking about cancellation, delivering) never takes the loop down.
   A request the executor fails alone (``FinishReason.error``) gets an error response with its reason.
-- Errors are errors: a refused request raises out of ``execute`` (Triton counts it in
-  ``nv_inference_request_failure``); a step that fails answers every request in it with an error
+- Errors are errors: a refused request gets its error through its response sender and counts in
+  ``specctl_requests_total{outcome="rejected"}`` (nothing is raised out of ``execute``: see
+  ``sender.py``); a step that fails answers every request in it with an error
   response carrying the final flag and counts them in ``specctl_requests_total{outcome="failed"}``.
   Triton's own counter cannot see those: the Python backend reports a decoupled request's outcome
   when ``execute`` returns (``python_be.cc``, ``PbMetricReporter``), before any token is made.
@@ -65,7 +66,8 @@ from control.triton.sender import (
 )
 
 log = logging.getLogger("specctl.triton.llm")
-SHUTDOWN_JOIN_S = 10.0
+SHUTDOWN_JOIN_S = 5.0  # the engine loop's time to stop at finalize: under deploy.EXIT_TIMEOUT_S, so a loop
+# that does not stop is logged with its phase before tritonserver gives up on the unload
 IDLE_WAIT_S = 0.5  # how often an idle loop wakes (and marks its progress) without a request arriving
 
 
@@ -100,6 +102,7 @@ class LlmModel(ResponseSender):
         self._drafter_steps = np.zeros(len(self._drafter_names), dtype=np.int64)  # drafting request-steps by drafter
         self._watch = CancelWatch()
         self._progress_at = time.monotonic()  # the loop's last step or idle wake-up
+        self._phase = "idle"  # what the loop is doing now (``stats``' loop.phase; finalize names it)
         prefix = fault_prefix(STEP_FAULT_ENV)
         self._step = failing_step(self.engine.step, self.live, prefix) if prefix else self.engine.step
         prefix = fault_prefix(DELIVER_FAULT_ENV)
@@ -112,14 +115,16 @@ class LlmModel(ResponseSender):
     # -- Triton entry points ---------------------------------------------------------------------------
 
     def finalize(self) -> None:
-        t0 = time.monotonic()
+        t_start = time.monotonic()
         self._close_tokenizer()
+        t0 = time.monotonic()
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(SHUTDOWN_JOIN_S)
         if self._thread.is_alive():
-            log.warning("llm %s: the engine loop did not stop within %.0f s", self.instance, SHUTDOWN_JOIN_S)
+            log.warning("llm %s: the engine loop did not stop within %.0f s (phase: %s, %d live requests)",
+                        self.instance, SHUTDOWN_JOIN_S, self._phase, len(self.live))
         for live in list(self.live.values()):
             self._send_error(live.sender, "the server is shutting down")
         self.live.clear()
@@ -131,8 +136,8 @@ class LlmModel(ResponseSender):
         t2 = time.monotonic()
         if self.agent is not None:
             self.agent.stop()
-        log.warning("llm %s: finalized (engine loop %.2f s, executor %.2f s, agent %.2f s)", self.instance, t1 - t0,
-                    t2 - t1, time.monotonic() - t2)
+        log.warning("llm %s: finalized (tokenizer %.2f s, engine loop %.2f s, executor %.2f s, agent %.2f s)",
+                    self.instance, t0 - t_start, t1 - t0, t2 - t1, time.monotonic() - t2)
 
     # -- requests --------------------------------------------------------------------------------------
     def _submit(self, req: GenerateRequest, sender) -> None:
@@ -163,6 +168,7 @@ class LlmModel(ResponseSender):
             with self._cond:
                 while not self._stop and not engine.has_work():
                     self._progress_at = time.monotonic()
+                    self._phase = "idle"
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stop:
                     return
@@ -175,7 +181,9 @@ class LlmModel(ResponseSender):
 
     def _iterate(self) -> None:
         """Ask about cancellations, run one step, deliver its outputs."""
+        self._phase = "asking about cancellations"
         self._reap_cancelled()
+        self._phase = "step"
         try:
             outs = self._step()
         except Exception as e:  # a failed step fails the requests in it, never the loop
@@ -192,6 +200,7 @@ class LlmModel(ResponseSender):
             self._count_drafters(k, st.drafter)
         self._last_k = list(st.k)
         t, tc = time.perf_counter(), time.thread_time()
+        self._phase = "delivering"
         with self._reg:
             for out in outs:
                 try:
@@ -339,7 +348,7 @@ class LlmModel(ResponseSender):
             "policy": self.current_policy(),
             # a loop that is not alive, or whose last step or idle wake-up is long past, serves nobody
             "loop": {"alive": self._thread.is_alive(),
-                     "since_progress_s": round(time.monotonic() - self._progress_at, 3)},
+                     "since_progress_s": round(time.monotonic() - self._progress_at, 3), "phase": self._phase},
             **self.hosted.describe(),
         }
         if self.agent is not None:

@@ -257,15 +257,17 @@ class ResponseSender:
 
     def _close_tokenizer(self) -> None:
         """Stop the tokenising thread; requests still waiting for it get an error."""
-        self._tokenizer.close()
+        if not self._tokenizer.close():
+            log.warning("llm %s: the tokenising thread did not stop in time", self.instance)
 
-    def execute(self, requests) -> str | None:
-        """Parse each request and start it; a refused request gets an error naming the value.
+    def execute(self, requests) -> None:
+        """Parse each request and start it; a refused request gets an error naming the value through
+        its own response sender, and counts in ``specctl_requests_total{outcome="rejected"}``.
 
-        Returns the error of a batch of one refused request: the Triton entry point raises it, so
-        Triton counts the request in ``nv_inference_request_failure`` (an error sent through a
-        decoupled sender counts as a success); in larger batches each refused request gets its
-        error through its own sender."""
+        Nothing is raised out of ``execute``: on that path the Python backend of Triton 2.51 reads an
+        uninitialised flag from shared memory and may leak the request's response factory, after
+        which the model never unloads (docs/decisions.md, 2026-11-28). So Triton counts a refused
+        request as a successful execution."""
         for request in requests:
             sender = None
             try:
@@ -286,10 +288,7 @@ class ResponseSender:
                 message = f"internal error ({type(e).__name__}) while reading this request; see the server log"
             self.counters.rejected += 1
             self.metrics.rejected()
-            if len(requests) == 1:
-                return message
             self._send_error(sender or request.get_response_sender(), message)
-        return None
 
     def _tokenize_and_submit(self, parsed: GenerateRequest, sender) -> None:
         """On the tokenising thread: tokenise a large prompt, then start the request (or refuse it:

@@ -37,7 +37,9 @@ class TokenizeWorker:
                 return
         on_dropped()
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Stop the thread (waiting ``timeout_s`` for a job it is in) and answer the jobs not run;
+        whether the thread stopped."""
         self._closed.set()
         self._thread.join(timeout_s)
         dropped = []
@@ -46,6 +48,7 @@ class TokenizeWorker:
                 dropped.append(self._jobs.get_nowait()[1])
         for on_dropped in dropped:
             on_dropped()
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._closed.is_set():

@@ -1,7 +1,7 @@
 """Model errors through the real server are errors, not successes: an engine failure mid-generation
 reaches the client as an error after the tokens it already had and is counted as failed on Triton's
-metrics port; a refused request raises out of execute(), so Triton counts it in
-``nv_inference_request_failure`` over gRPC as over HTTP."""
+metrics port; a refused request gets its error through its response sender and counts in
+``specctl_requests_total{outcome="rejected"}``."""
 
 from __future__ import annotations
 
@@ -104,16 +104,22 @@ def test_a_delivery_failure_ends_that_request_alone_and_the_loop_goes_on(deploym
     after = model_stats(deployment.http_url)
     assert after["failed"] == before["failed"] + 1 and after["step_errors"] == before["step_errors"]
     assert after["kv_slots_in_use"] == 0 and after["active_requests"] == 0
+    deadline = time.monotonic() + 5.0  # nothing in flight: the loop waits, and its stats say so
+    while after["loop"]["phase"] != "idle" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = model_stats(deployment.http_url)
+    assert after["loop"]["alive"] and after["loop"]["phase"] == "idle", after["loop"]
 
 
-def test_refused_grpc_requests_count_as_failures_in_triton(deployment):
+def test_refused_grpc_requests_count_as_rejected(deployment):
     bodies = [GenParams(max_tokens=0), GenParams(max_tokens=4, top_p=0.0), GenParams(max_tokens=4, policy="bogus"),
               GenParams(max_tokens=4, temperature=-1.0)]
-    before = _counter(_metrics(deployment), "nv_inference_request_failure", reason="BACKEND")
+    before = _counter(_metrics(deployment), "specctl_requests_total", outcome="rejected")
     for params in bodies:
         res = _stream(deployment, PROMPTS[3], params)
         assert res.error is not None and res.token_ids == [], res
-    after = _wait_counter(deployment, "nv_inference_request_failure", before + len(bodies), reason="BACKEND")
+        assert "Failed to process" not in res.error and "At:" not in res.error, res.error  # the model's words alone
+    after = _wait_counter(deployment, "specctl_requests_total", before + len(bodies), outcome="rejected")
     assert after == before + len(bodies)
 
 

@@ -65,24 +65,24 @@ JSON_LAYER = [
 ]
 
 
-def _failures(dep) -> float:
-    """Failed requests of every model (an alias refuses a misspelt field itself, the rest in llm)."""
+def _rejected(dep) -> float:
+    """Requests refused by every model (an alias refuses a misspelt field itself, the rest in llm)."""
     text = httpx.get(dep.metrics_url, timeout=5).text
-    return sum(float(v) for v in re.findall(r'nv_inference_request_failure\{model="[^"]+",reason="BACKEND"[^}]*\} (\S+)',
-                                            text))
+    return sum(float(v) for labels, v in re.findall(r'^specctl_requests_total\{([^}]*)\} (\S+)$', text, re.M)
+               if 'outcome="rejected"' in labels)
 
 
 @pytest.mark.parametrize("model", ["llm", "ensemble"])
 def test_http_bad_input_sweep(deployment, model):
-    before = _failures(deployment)
+    before = _rejected(deployment)
     for body, field in HTTP_BAD:
         r = httpx.post(f"{deployment.http_url}/v2/models/{model}/generate", json=body, timeout=30)
         assert 400 <= r.status_code < 500, (body, r.status_code, r.text[:300])
         error = r.json()["error"]
         assert field in error and "internal error" not in error and "ValueError" not in error, (body, error[:300])
         assert ".py(" not in error and str(deployment.run_dir) not in error, error  # no server paths
-    # Triton counted every rejection as a failed request.
-    assert _failures(deployment) == before + len(HTTP_BAD)
+    # Every rejection counted once, by the model that refused it.
+    assert _rejected(deployment) == before + len(HTTP_BAD)
     assert grpc_generate(deployment.grpc_url, PROMPTS[0], GenParams(max_tokens=4)).token_ids
 
 

@@ -14,10 +14,9 @@ class TritonPythonModel:
         self.model = ForwardModel(pb_utils, args)
 
     def execute(self, requests):
-        # A refused request is raised so Triton counts it as failed (see triton_repo/llm/1/model.py).
-        error = self.model.execute(requests)
-        if error:
-            raise pb_utils.TritonModelException(error)
+        # A refused request is answered through its response sender, never raised (see
+        # triton_repo/llm/1/model.py).
+        self.model.execute(requests)
 
     execute.__code__ = execute.__code__.replace(co_filename="forward")
 

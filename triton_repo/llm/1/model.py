@@ -16,11 +16,10 @@ class TritonPythonModel:
         self.model = load_model(pb_utils, args)
 
     def execute(self, requests):
-        # A refused request is raised here so Triton counts it as failed; the error text Triton
-        # sends names this frame, so the frame is named after the model, not a server path.
-        error = self.model.execute(requests)
-        if error:
-            raise pb_utils.TritonModelException(error)
+        # Every request is answered through its response sender, a refused one with its error:
+        # nothing is raised here (see control/triton/sender.py, ``execute``). Should a bug raise,
+        # the error text Triton sends names this frame after the model, not a server path.
+        self.model.execute(requests)
 
     execute.__code__ = execute.__code__.replace(co_filename="llm")
 
