@@ -41,6 +41,7 @@ class TokenizeWorker:
         """Stop the thread (waiting ``timeout_s`` for a job it is in) and answer the jobs not run;
         whether the thread stopped."""
         self._closed.set()
+        self._jobs.put((_nothing, _nothing))  # wakes an idle thread now, not at its next poll
         self._thread.join(timeout_s)
         dropped = []
         with self._lock:
@@ -60,3 +61,7 @@ class TokenizeWorker:
                 job()
             except Exception:  # a job answers its own request; this thread must outlive any one job
                 log.exception("llm: a tokenising job failed")
+
+
+def _nothing() -> None:
+    """The job ``close`` queues to wake the thread."""

@@ -35,6 +35,19 @@ def test_close_answers_the_jobs_not_run_and_later_ones():
     assert dropped == ["queued", "late"]
 
 
+def test_close_wakes_an_idle_thread_at_once(monkeypatch):
+    """An idle thread waits on its queue; close wakes it instead of waiting for its next poll (which
+    would put every shutdown of the model WORKER_IDLE_WAIT_S later)."""
+    import control.triton.tokenize_worker as tw
+
+    monkeypatch.setattr(tw, "WORKER_IDLE_WAIT_S", 120.0)
+    w = TokenizeWorker("t")
+    done = threading.Event()
+    w.put(done.set, lambda: None)
+    assert done.wait(5)  # the thread is back in its wait
+    assert w.close(timeout_s=10.0)
+
+
 def test_parse_leaves_a_large_text_prompt_untokenised():
     calls = []
 
