@@ -16,7 +16,6 @@ from collections.abc import Callable
 log = logging.getLogger("specctl.triton.tokenize")
 
 INLINE_PROMPT_BYTES = 4096  # text prompts up to this size are tokenised inside execute()
-WORKER_IDLE_WAIT_S = 0.5
 
 
 class TokenizeWorker:
@@ -41,7 +40,7 @@ class TokenizeWorker:
         """Stop the thread (waiting ``timeout_s`` for a job it is in) and answer the jobs not run;
         whether the thread stopped."""
         self._closed.set()
-        self._jobs.put((_nothing, _nothing))  # wakes an idle thread now, not at its next poll
+        self._jobs.put((_nothing, _nothing))  # wakes the thread if it waits for a job
         self._thread.join(timeout_s)
         dropped = []
         with self._lock:
@@ -53,10 +52,7 @@ class TokenizeWorker:
 
     def _run(self) -> None:
         while not self._closed.is_set():
-            try:
-                job, _ = self._jobs.get(timeout=WORKER_IDLE_WAIT_S)
-            except queue.Empty:
-                continue
+            job, _ = self._jobs.get()  # close queues a job too: no wait outlasts it
             try:
                 job()
             except Exception:  # a job answers its own request; this thread must outlive any one job
