@@ -95,6 +95,7 @@ class AgentStats:
     dropped_steps: int
     queued_windows: int
     last_error: str
+    drafter_choice: dict | None = None  # the running policy's drafter choice (``drafter_state``), if it has one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -451,4 +452,15 @@ class Agent:
             telemetry_rejected=link.rejected if link else 0, telemetry_post_failures=link.post_failures if link else 0,
             dropped_windows=self.dropped_windows, dropped_steps=self.dropped_steps, queued_windows=len(self.queue),
             last_error=self.last_error or (link.last_error if link else ""),
+            drafter_choice=self._drafter_choice(),
         )
+
+    def _drafter_choice(self) -> dict | None:
+        """The running policy's drafter state, read from another thread: a failed read is no state."""
+        read = getattr(self._policy, "drafter_state", None)
+        if read is None:
+            return None
+        try:
+            return read()
+        except Exception:  # the engine thread moved the arrays under us; the next stats call reads again
+            return None

@@ -476,3 +476,31 @@ def test_a_draft_model_still_unmeasured_after_an_epoch_drafts_for_the_requests_d
     assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 1]  # tiny keeps its draw
     choice.pos[1].trials[0] = PROBE_TRIALS  # measured now: one model per step again
     assert choice._one_model_per_step(drawn).tolist() == [0, 0, 0, 0]
+
+
+def test_adaptive_drafter_state_says_what_the_choice_rests_on():
+    """The stats' view of the drafter choice: the profile's favourite before any step, each drafter's
+    chain-rate posterior and evidence, and after an exploiting decision the goodput it modelled,
+    highest for the drafter it chose."""
+    from control.plan import compile_plan
+    from control.policy import StepView, build_policy
+
+    pol = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, default_drafter="small"))
+    state = pol.drafter_state()
+    assert state["favourite"] == "tiny" and state["stage"] == "exploring" and state["exploit"] is None
+    assert set(state["drafters"]) == {"small", "tiny"}
+    assert state["drafters"]["tiny"]["chain_rate"] == 0.7 and state["drafters"]["tiny"]["request_steps"] == 0
+    assert state["drafters"]["tiny"]["value"] is None  # no exploiting decision yet
+    pol.pos[0].update(np.full(400, 1), (np.arange(400) % 10 != 0).astype(np.int64))  # small measured at 0.9
+    n = 4
+    view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 200),
+                          remaining=np.full(n, 100), drafters=("small", "tiny"), max_k=6, free_kv_slots=10**6,
+                          token_budget=8192, draft_lag=np.zeros((n, 2), dtype=np.int64), step=1)
+    best = pol.choice.exploit_best(view, np.array([True, True]), pol._to_exec, pol.cost)
+    state = pol.drafter_state()
+    small, tiny = state["drafters"]["small"], state["drafters"]["tiny"]
+    assert small["request_steps"] == 400 and 0.85 < small["chain_rate"] < 0.9 and small["sd"] < tiny["sd"]
+    values = [small["value"], tiny["value"]]
+    assert min(values) > 0 and int(np.argmax(values)) == best
+    one = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, drafters=["tiny"]))
+    assert one.drafter_state() is None  # nothing to choose

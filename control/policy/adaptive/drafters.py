@@ -119,6 +119,7 @@ class DrafterChoice:
         # capacities make the matching necessary; ``exploit``: that drafter at the last full decision
         self.whole_batch = bool(self.bandit is not None and not b.capacities)
         self.exploit = -1
+        self._last_values: np.ndarray | None = None  # (m,) the last exploiting decision's modelled goodput
         self._lookups = np.zeros(max(ctx.max_k, 1) + 1)  # (K+1,) recent lookups per proposal length, decayed
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
@@ -229,7 +230,31 @@ class DrafterChoice:
         rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
         mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
         best = self._values(view, to_exec, cost, rate, mult, self._lookup_share())[0]  # (m,)
+        self._last_values = best
         return int(np.argmax(np.where(allowed, best, -np.inf)))
+
+    def state(self) -> dict:
+        """What the choice rests on now, per plan drafter (for the model's stats; not on the step path):
+        the chain rate's posterior mean and sd, its drafting request-steps, the draft price multiplier
+        exploration draws around (median), the goodput the last exploiting decision modelled (tokens
+        per ms per request, null before one), the exploration chance, plus the favourite and the stage."""
+        mean, sd = self._posterior()
+        steps = [float(p.trials[0]) for p in self.pos]
+        med = self.prices.medians() if self.prices is not None else None
+        b = self.bandit
+        p = b.explore_p if b is not None and b.explore_p is not None else None
+        per = {}
+        for i, name in enumerate(self.ctx.drafters):
+            per[name] = {"chain_rate": round(float(mean[i]), 4), "sd": round(float(sd[i]), 4),
+                         "request_steps": round(steps[i], 1),
+                         "price_x": None if med is None else round(float(med[0, i]), 3),
+                         "value": None if self._last_values is None else round(float(self._last_values[i]), 5),
+                         "p_best": None if p is None else round(float(p[i]), 3)}
+        fav = self.ctx.drafters[self.fav] if 0 <= self.fav < len(self.ctx.drafters) else None
+        stage = "none" if b is None else ("exploring" if b.exploring else "exploiting")
+        return {"drafters": per, "favourite": fav, "prefills": self.prefills, "stage": stage,
+                "epoch": None if b is None else b.epoch,
+                "exploit": self.ctx.drafters[self.exploit] if 0 <= self.exploit < len(self.ctx.drafters) else None}
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """(m,) mean and (m,) sd of each drafter's chain rate (module doc)."""

@@ -135,6 +135,10 @@ class AdaptivePolicy(BasePolicy):
     def _pace(self) -> np.ndarray:
         return self.optimiser.pace
 
+    def drafter_state(self) -> dict | None:
+        """The drafter choice's state (``DrafterChoice.state``); None with one drafter."""
+        return self.choice.state() if self.choice.bandit is not None else None
+
     def pooled_rate(self, i: int) -> float:
         self.flush()
         return self.acceptance.pooled_rate(i)
