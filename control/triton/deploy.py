@@ -13,7 +13,10 @@
    token file's path (never the token: Triton serves model configs to anyone) in the llm model's
    parameters, and start ``tritonserver`` with
    the project on PYTHONPATH, waiting for readiness with a deadline;
-5. ``stop()`` stops Triton, then the service (SIGTERM, then SIGKILL after a grace period): no orphans.
+5. ``stop()`` drains the llm model (it ends every request in flight with an error saying the server
+   is stopping: Triton cannot unload a decoupled model while requests hold its response senders, and
+   the Python stub ignores SIGTERM), stops Triton, then the service (SIGTERM, then SIGKILL after a
+   grace period): no orphans.
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ DEFAULT_OVERLAP_POLICY: bool | None = None
 # them (the quick pair, 0.5 ms)
 OVERLAP_MIN_PASS_MS = 5.0
 STATE_FILE = "control-state.json"  # the service's overrides and plan version, kept across its restarts
+DRAIN_FILE = "draining"  # in the run directory: written at stop, the llm model's cue to end its requests
+DRAIN_WAIT_S = 5.0  # the most stop() waits for every llm instance to acknowledge the drain
+DRAIN_POLL_S = 0.05
+STOP_S = 30.0  # tritonserver's time to exit after SIGTERM before its process group is killed
+# ... once drained: nothing is in flight, so the unload takes 1-3 s; what waits longer is a client's open
+# gRPC stream, which holds the llm model in Triton 2.51 until its exit timeout (then it aborts). Killing
+# the group then loses only the agent's last telemetry window.
+DRAINED_STOP_S = 6.0
 
 
 @dataclass
@@ -196,6 +207,8 @@ class Deployment:
             ports["control"] = c.control_port
         check_ports(ports, c.host)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob(f"{DRAIN_FILE}*"):  # a cue from a stop before would drain the new server
+            stale.unlink()
         self.profile_path = resolve_profile(Path(c.engine_dir), c.profile, self.run_dir, self.say)
         overlap = c.overlap_policy
         if overlap is None:
@@ -215,13 +228,12 @@ class Deployment:
                                    control_token_file=token_file, max_k=c.max_k,
                                    max_batch=c.max_batch, max_tokens=c.max_tokens, instances=c.instances,
                                    threads=c.threads, drafter=c.drafter, overlap_policy=overlap,
-                                   decoupled=c.decoupled)
+                                   decoupled=c.decoupled, drain_file=self.run_dir / DRAIN_FILE)
             self.say(f"starting tritonserver (model repository {repo})")
             self.triton = TritonServer(repo, self.run_dir, http_port=c.http_port, grpc_port=c.grpc_port,
                                        metrics_port=c.metrics_port, host=c.host, pythonpath=[str(ROOT)],
-                                       # Bounds shutdown: after a session with many concurrent streams the
-                                       # Python backend sometimes waits out the whole exit timeout before it
-                                       # finalizes the llm model (cause not yet found).
+                                       # Bounds shutdown where the drain could not end the requests
+                                       # (a stub that died or hangs): Triton then kills the stub.
                                        extra_args=[f"--exit-timeout-secs={EXIT_TIMEOUT_S}"])
             self.triton.start(timeout_s=c.ready_timeout_s)
         except BaseException:
@@ -268,8 +280,23 @@ class Deployment:
 
     def stop(self) -> None:
         if self.triton is not None:
-            self.triton.stop()
+            # (no drain while starting, nor after a stub died: nothing would answer it)
+            drained = self.triton.alive() and self.triton.ready() and self.drain()
+            self.triton.stop(DRAINED_STOP_S if drained else STOP_S)
         self.stop_service()
+
+    def drain(self) -> bool:
+        """Ask every llm instance to end its requests (the drain file) and wait, at most
+        ``DRAIN_WAIT_S``, until each has said so; True when all did. New requests are refused from then on."""
+        cue = self.run_dir / DRAIN_FILE
+        cue.write_text("stopping\n")
+        deadline = time.monotonic() + DRAIN_WAIT_S
+        while time.monotonic() < deadline:
+            if sum(1 for _ in self.run_dir.glob(f"{DRAIN_FILE}.*")) >= self.cfg.instances:
+                return True
+            time.sleep(DRAIN_POLL_S)
+        self.say(f"the llm model did not end its requests within {DRAIN_WAIT_S:g} s; stopping Triton all the same")
+        return False
 
     def __enter__(self) -> Deployment:
         return self.start()

@@ -32,6 +32,11 @@ host's ``describe()`` to its stats. ``LlmModel``:
   Triton's own counter cannot see those: the Python backend reports a decoupled request's outcome
   when ``execute`` returns (``python_be.cc``, ``PbMetricReporter``), before any token is made.
   ``control/triton/faults.py`` can inject such a failure for the tests.
+- Stopping: Triton cannot unload a decoupled model while a request's response sender is open, and
+  its Python stub ignores SIGTERM, so requests in flight would hold the model until tritonserver's exit
+  timeout. The deployment (``deploy.py``) therefore writes the ``drain_file`` first: the loop, which
+  looks for it every ``DRAIN_POLL_S``, ends every request with an error response saying the server is
+  stopping, refuses new ones, and writes ``<drain_file>.<instance>`` to say it has; then Triton stops.
 - A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
   agent follows, the last step's k, whether the engine loop is alive and how long since it last
   stepped or woke idle) as JSON in ``text_output``.
@@ -42,11 +47,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from control.agent.wire import K_BUCKETS
+from control.errors import ConfigError
 from control.executors.base import FinishReason, RequestOutput
 from control.triton.cancel_watch import CancelWatch
 from control.triton.faults import (
@@ -69,6 +76,8 @@ log = logging.getLogger("specctl.triton.llm")
 SHUTDOWN_JOIN_S = 5.0  # the engine loop's time to stop at finalize: under deploy.EXIT_TIMEOUT_S, so a loop
 # that does not stop is logged with its phase before tritonserver gives up on the unload
 IDLE_WAIT_S = 0.5  # how often an idle loop wakes (and marks its progress) without a request arriving
+DRAIN_POLL_S = 0.2  # how often the loop looks for the deployment's drain file (a stat call)
+STOPPING = "the server is stopping"  # what requests ended or refused by a drain are told
 
 
 def load_model(pb, args: dict[str, Any]) -> LlmModel:
@@ -103,6 +112,9 @@ class LlmModel(ResponseSender):
         self._watch = CancelWatch()
         self._progress_at = time.monotonic()  # the loop's last step or idle wake-up
         self._phase = "idle"  # what the loop is doing now (``stats``' loop.phase; finalize names it)
+        self._drain_path = Path(p.drain_file) if p.drain_file else None
+        self._draining = False  # set once, under ``_reg``: every request ended, new ones refused
+        self._drain_checked = 0.0  # monotonic time of the last look for the drain file
         prefix = fault_prefix(STEP_FAULT_ENV)
         self._step = failing_step(self.engine.step, self.live, prefix) if prefix else self.engine.step
         prefix = fault_prefix(DELIVER_FAULT_ENV)
@@ -142,6 +154,8 @@ class LlmModel(ResponseSender):
     # -- requests --------------------------------------------------------------------------------------
     def _submit(self, req: GenerateRequest, sender) -> None:
         with self._reg:
+            if self._draining:
+                raise ConfigError(f"{STOPPING}; retry this request once it is back, or on another replica")
             rid = self.engine.add_request(req.prompt_ids, req.params)  # ConfigError: nothing is queued
             self.live[rid] = Live(rid, sender, req.stream, Detokenizer(self._decode), time.monotonic(), req,
                                   arrival_ns=time.time_ns())
@@ -165,13 +179,15 @@ class LlmModel(ResponseSender):
     def _loop(self) -> None:
         engine = self.engine
         while True:
+            self._check_drain()
             with self._cond:
-                while not self._stop and not engine.has_work():
+                if self._stop:
+                    return
+                if not engine.has_work():
                     self._progress_at = time.monotonic()
                     self._phase = "idle"
                     self._cond.wait(IDLE_WAIT_S)
-                if self._stop:
-                    return
+                    continue
             try:
                 self._iterate()
             except Exception as e:  # the loop's own bookkeeping failed: its requests get the reason, never a hang
@@ -210,6 +226,38 @@ class LlmModel(ResponseSender):
         c.deliver_ms += (time.perf_counter() - t) * 1e3
         c.deliver_cpu_ms += (time.thread_time() - tc) * 1e3
         self._watch.ran(out.request_id for out in outs if not out.finished)
+
+    def _check_drain(self) -> None:
+        """At most every ``DRAIN_POLL_S``: once the drain file exists, end every request in flight with
+        an error response (each one's final response frees its sender, so Triton can unload the model),
+        refuse new ones and acknowledge (module doc)."""
+        if self._drain_path is None or self._draining:
+            return
+        now = time.monotonic()
+        if now - self._drain_checked < DRAIN_POLL_S:
+            return
+        self._drain_checked = now
+        if not self._drain_path.exists():
+            return
+        self._phase = "draining"
+        with self._reg:
+            self._draining = True
+            ended = list(self.live.values())
+            for live in ended:
+                self.live.pop(live.rid, None)
+                try:
+                    self.engine.cancel(live.rid)
+                except Exception:  # the request gets its final response all the same
+                    log.exception("llm %s: cancelling request %d at drain", self.instance, live.rid)
+                self.counters.failed += 1
+                self.metrics.failed()
+                self._send_error(live.sender, f"{STOPPING}: this request ended after {live.generated} tokens; retry it")
+        ack = self._drain_path.with_name(f"{self._drain_path.name}.{self.instance.replace(' ', '-')}")
+        try:
+            ack.write_text(f"{len(ended)}\n")
+        except OSError as e:
+            log.warning("llm %s: cannot acknowledge the drain at %s: %s", self.instance, ack, e)
+        log.warning("llm %s: drained: %d requests in flight ended", self.instance, len(ended))
 
     def _count_drafters(self, k: np.ndarray, drafter: list[int]) -> None:
         """Add the step's drafting request-steps (k > 0) to their drafters' counts."""

@@ -40,8 +40,10 @@ def _alias_config(llm_template: str, name: str, decoupled: bool) -> str:
 def render_llm_repo(out: Path, *, engine_dir: Path, profile: Path | None, policy: str = "adaptive",
                     control_url: str = "", control_token_file: Path | None = None, max_k: int = DEFAULT_MAX_K, max_batch: int = 32,
                     max_tokens: int = 1024, instances: int = 1, threads: int = 1, drafter: str = "",
-                    overlap_policy: bool = False, decoupled: bool = True, templates: Path = TEMPLATES) -> Path:
+                    overlap_policy: bool = False, decoupled: bool = True, drain_file: Path | None = None,
+                    templates: Path = TEMPLATES) -> Path:
     """Write ``out/llm/{config.pbtxt,1/model.py}`` and the aliases; returns ``out`` (the model repository).
+    ``drain_file``: where the deployment will ask the model to end its requests before stopping.
 
     The config names the file holding the control-plane token (``write_token_file``), never the token:
     Triton shows a model's config to any client. It is still written owner-only (it holds paths).
@@ -52,7 +54,8 @@ def render_llm_repo(out: Path, *, engine_dir: Path, profile: Path | None, policy
               "profile": Path(profile).resolve() if profile else "", "policy": policy, "max_k": max_k,
               "max_batch": max_batch, "max_tokens": max_tokens, "threads": threads, "control_url": control_url,
               "control_token_file": Path(control_token_file).resolve() if control_token_file else "", "drafter": drafter,
-              "overlap_policy": str(bool(overlap_policy)).lower()}
+              "overlap_policy": str(bool(overlap_policy)).lower(),
+              "drain_file": Path(drain_file).resolve() if drain_file else ""}
     return render_llm_model(out, params, instances=instances, decoupled=decoupled, templates=templates)
 
 

@@ -73,6 +73,7 @@ class ModelParams:
     threads: int = 1
     control_url: str = ""
     control_token_file: str = ""
+    drain_file: str = ""  # the deployment writes it when stopping: end every request, refuse new ones
     drafter: str = ""
     sim_requests: int = DEFAULT_SIM_REQUESTS
     overlap_policy: bool = False  # executor reference: the policy decides step t+1 during step t (EngineConfig)
