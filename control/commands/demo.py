@@ -16,6 +16,10 @@ from control.commands import args as A
 from control.commands.bench import add_load_args
 
 ROOT = Path(__file__).resolve().parents[2]
+ONE_REPEAT_NOTE = ("[dim]One repeat per load: near saturation the ratio of two policies on the same arrivals moves "
+                   "by a third or more between runs on a shared 2-core machine (adaptive / fixed:3 at load 1: 0.84, "
+                   "1.17 and 1.60 in three demos), so one verdict there says little; --repeats 3 or more prints the "
+                   "paired 95% interval, and the replay bar (docs/validation.md) compares policies exactly.[/dim]")
 DEMO_REQUESTS = 48  # requests per run: at 24 (6 s of traffic at load 1) the drafter bandit's first
 # exploration stage was most of a run and the load-1 verdict read 0.75-1.16 across runs of similar code
 
@@ -94,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         text = report(rows, meta, json_path=str(out / "bench.json"), report_path=str(out / "report.md"),
                       title=f"specctl demo: {' vs '.join(args.policies)} on the live server")
         print(text, flush=True)
+        if args.repeats == 1:
+            console.print(ONE_REPEAT_NOTE)
         console.print(f"report: {out / 'report.md'} (JSON {out / 'bench.json'}); dashboard: {dep.control_url}/")
         if args.keep:
             console.print(f"serving for {args.keep:g} s more; Ctrl-C stops")
