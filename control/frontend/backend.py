@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from control.clients.triton import GenParams, grpc_inputs
 from control.frontend.protocol import OpenAIError
 from control.triton.forward_model import model_message
+from control.triton.llm_request import STOPPING
 
 UNAVAILABLE_MARKERS = ("StatusCode.UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
 
@@ -50,6 +51,8 @@ def _error(message: str) -> OpenAIError:
     m = " ".join(model_message(str(message)).split())
     if any(s in m for s in UNAVAILABLE_MARKERS):
         return OpenAIError(503, f"the model server is not reachable ({m[:200]}); retry the request")
+    if STOPPING in m:  # drained at shutdown: the request was fine, the server is going away
+        return OpenAIError(503, m[:500])
     return OpenAIError(400, m[:500])
 
 

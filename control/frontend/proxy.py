@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 from control.errors import ConfigError
 from control.frontend.protocol import OpenAIError
 from control.triton.forward_model import model_message
-from control.triton.llm_request import check_generate_body
+from control.triton.llm_request import STOPPING, check_generate_body
 
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host",
                          "content-length", "proxy-authorization", "proxy-authenticate"})
@@ -63,9 +63,12 @@ async def _model_error(r: httpx.Response) -> JSONResponse:
         doc = json.loads(raw)
     except ValueError:
         return Response(raw, status_code=r.status_code, media_type=r.headers.get("content-type"))
+    status = r.status_code
     if isinstance(doc, dict) and isinstance(doc.get("error"), str):
         doc["error"] = model_message(doc["error"])
-    return JSONResponse(doc, status_code=r.status_code)
+        if STOPPING in doc["error"]:  # drained at shutdown: not the client's fault, retry elsewhere or later
+            status = 503
+    return JSONResponse(doc, status_code=status)
 
 
 def register(app: FastAPI) -> None:

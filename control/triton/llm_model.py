@@ -64,7 +64,7 @@ from control.triton.faults import (
     fault_prefix,
 )
 from control.triton.hosts import build_hosted
-from control.triton.llm_request import GenerateRequest, Limits
+from control.triton.llm_request import STOPPING, GenerateRequest, Limits
 from control.triton.sender import (
     Counters,
     Detokenizer,
@@ -77,7 +77,6 @@ SHUTDOWN_JOIN_S = 5.0  # the engine loop's time to stop at finalize: under deplo
 # that does not stop is logged with its phase before tritonserver gives up on the unload
 IDLE_WAIT_S = 0.5  # how often an idle loop wakes (and marks its progress) without a request arriving
 DRAIN_POLL_S = 0.2  # how often the loop looks for the deployment's drain file (a stat call)
-STOPPING = "the server is stopping"  # what requests ended or refused by a drain are told
 
 
 def load_model(pb, args: dict[str, Any]) -> LlmModel:

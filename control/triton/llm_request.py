@@ -47,6 +47,7 @@ PERF_OUTPUTS = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
+STOPPING = "the server is stopping"  # how a request ended or refused by a drain is told (front ends: 503)
 MAX_POLICY_CHARS = 200  # longer policy names are refused before parsing
 MAX_WORDS = 64  # stop or bad words per request
 MAX_WORD_CHARS = 1024  # characters in one stop or bad word

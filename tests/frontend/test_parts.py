@@ -231,3 +231,25 @@ def test_work_is_cancelled_when_the_client_goes_and_kept_when_it_stays():
     gone, stays = asyncio.run(asyncio.wait_for(both(), 3))
     assert gone == (False, None) and cancelled == [5.0]  # the generation's task got the cancel
     assert stays == (True, "answer")
+
+
+def test_a_request_ended_by_a_drain_is_a_503_on_both_apis():
+    """A stopping server's message (the llm model's drain) is no fault of the request: OpenAI routes and
+    the KServe proxy answer 503, so a client or load balancer retries elsewhere; a refusal stays 400."""
+    import asyncio
+
+    import httpx
+
+    from control.frontend.backend import _error
+    from control.frontend.proxy import _model_error
+    from control.triton.llm_request import STOPPING
+
+    ended = f"{STOPPING}: this request ended after 12 tokens; retry it"
+    assert _error(ended).status == 503 and _error(ended).message == ended
+    assert _error("max_tokens = 0: must be >= 1").status == 400
+    wrapped = f"Failed to process the request(s) for model 'llm_0_0', message: {ended}"
+    for text, status in ((wrapped, 503), ("top_p = 1.5: must be in (0, 1]", 400)):
+        r = httpx.Response(400, json={"error": text})
+        out = asyncio.run(_model_error(r))
+        assert out.status_code == status, text
+    assert b"Failed to process" not in asyncio.run(_model_error(httpx.Response(400, json={"error": wrapped}))).body
