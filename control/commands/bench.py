@@ -28,6 +28,11 @@ def _policies(text: str) -> list[str]:
     for p in (x.strip() for x in text.split(",")):
         if not p:
             continue
+        if "@" in p:  # the replay tools' POLICY@DRAFTER: here the drafters are the run's, for every policy
+            name, _, drafters = p.partition("@")
+            raise argparse.ArgumentTypeError(f"policy '{p[:80]}': a policy names no drafter here; give '{name[:40]}' and "
+                                             f"--drafters {drafters.replace('+', ',')[:80]} (the drafter set every "
+                                             "policy of the run uses), in a run of its own for another set")
         try:
             spec = str(parse_policy_spec(p))
         except ConfigError as e:

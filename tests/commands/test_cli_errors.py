@@ -145,3 +145,12 @@ def test_serve_refuses_two_listeners_on_one_port_before_starting(quick_engines, 
     err = capsys.readouterr().err
     assert rc == 2 and "--http-port and --metrics-port are both 18599" in err, err
     assert not (tmp_path / "run").exists()  # nothing was rendered or started
+
+
+def test_bench_turns_a_policy_naming_a_drafter_into_the_drafters_option(capsys):
+    """The replay tools' POLICY@DRAFTER is not a bench policy: the error says which option does it."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--url", "127.0.0.1:1", "--policies", "fixed:3,fixed:6@draft-tiny+ngram"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "give 'fixed:6' and --drafters draft-tiny,ngram" in err and "internal error" not in err, err
