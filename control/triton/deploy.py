@@ -49,7 +49,7 @@ OVERLAP_MIN_PASS_MS = 5.0
 STATE_FILE = "control-state.json"  # the service's overrides and plan version, kept across its restarts
 DRAIN_FILE = "draining"  # in the run directory: written at stop, the llm model's cue to end its requests
 DRAIN_WAIT_S = 5.0  # the most stop() waits for every llm instance to acknowledge the drain
-DRAIN_POLL_S = 0.05
+DRAIN_ACK_POLL_S = 0.05  # how often stop() looks for the instances' acknowledgements
 STOP_S = 30.0  # tritonserver's time to exit after SIGTERM before its process group is killed
 # ... once drained: nothing is in flight, so the unload takes 1-3 s; what waits longer is a client's open
 # gRPC stream, which holds the llm model in Triton 2.51 until its exit timeout (then it aborts). Killing
@@ -294,7 +294,7 @@ class Deployment:
         while time.monotonic() < deadline:
             if sum(1 for _ in self.run_dir.glob(f"{DRAIN_FILE}.*")) >= self.cfg.instances:
                 return True
-            time.sleep(DRAIN_POLL_S)
+            time.sleep(DRAIN_ACK_POLL_S)
         self.say(f"the llm model did not end its requests within {DRAIN_WAIT_S:g} s; stopping Triton all the same")
         return False
 

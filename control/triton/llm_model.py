@@ -137,7 +137,7 @@ class LlmModel(ResponseSender):
             log.warning("llm %s: the engine loop did not stop within %.0f s (phase: %s, %d live requests)",
                         self.instance, SHUTDOWN_JOIN_S, self._phase, len(self.live))
         for live in list(self.live.values()):
-            self._send_error(live.sender, "the server is shutting down")
+            self._send_error(live.sender, f"{STOPPING}; retry it")  # (what a drain would have said; 503 at the front end)
         self.live.clear()
         t1 = time.monotonic()
         try:
@@ -243,11 +243,7 @@ class LlmModel(ResponseSender):
             self._draining = True
             ended = list(self.live.values())
             for live in ended:
-                self.live.pop(live.rid, None)
-                try:
-                    self.engine.cancel(live.rid)
-                except Exception:  # the request gets its final response all the same
-                    log.exception("llm %s: cancelling request %d at drain", self.instance, live.rid)
+                self._drop(live.rid)
                 self.counters.failed += 1
                 self.metrics.failed()
                 self._send_error(live.sender, f"{STOPPING}: this request ended after {live.generated} tokens; retry it")
@@ -280,18 +276,23 @@ class LlmModel(ResponseSender):
                 self._cancel(rid, live)
 
     def _cancel(self, rid: int, live: Live) -> None:
-        self.live.pop(rid, None)
-        try:
-            self.engine.cancel(rid)  # between steps: the KV slot is freed now
-        except Exception as e:  # the client has gone all the same: it still gets its final flag
-            log.exception("llm %s: cancelling request %d in the executor", self.instance, rid)
-            self.counters.last_error = f"cancel: {type(e).__name__}: {e}"
+        self._drop(rid)
         self.counters.cancelled += 1
         self.metrics.cancelled(tokens=live.generated, drafted=live.drafted, accepted=live.accepted)
         try:
             live.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
             self.counters.send_errors += 1
+
+    def _drop(self, rid: int) -> None:
+        """Forget request ``rid`` here and in the executor (between steps: its KV slot is freed now);
+        a failed cancel is logged, and the caller still sends the request its final response."""
+        self.live.pop(rid, None)
+        try:
+            self.engine.cancel(rid)
+        except Exception as e:
+            log.exception("llm %s: cancelling request %d in the executor", self.instance, rid)
+            self.counters.last_error = f"cancel: {type(e).__name__}: {e}"
 
     def _deliver(self, out: RequestOutput) -> None:
         live = self.live.get(out.request_id)

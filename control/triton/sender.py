@@ -22,6 +22,7 @@ from control.triton.llm_request import (
     ACCEPTED_OUTPUTS,
     DRAFTED_OUTPUTS,
     INPUTS,
+    STOPPING,
     GenerateRequest,
     StatsRequest,
     check_parameters,
@@ -278,7 +279,7 @@ class ResponseSender:
                     self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
                 elif parsed.tokenize_later:
                     self._tokenizer.put(lambda p=parsed, s=sender: self._tokenize_and_submit(p, s),
-                                        lambda s=sender: self._send_error(s, "the server is shutting down; retry it"))
+                                        lambda s=sender: self._send_error(s, f"{STOPPING}; retry it"))
                 else:
                     self._submit(parsed, sender)  # ConfigError: nothing was queued
                 continue
