@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         if frontend is not None:
+            dep.drain_if_serving()  # the front end's clients get the drain's message before it stops
             frontend.stop()
         dep.stop()
         for s, h in old.items():

@@ -280,10 +280,13 @@ class Deployment:
 
     def stop(self) -> None:
         if self.triton is not None:
-            # (no drain while starting, nor after a stub died: nothing would answer it)
-            drained = self.triton.alive() and self.triton.ready() and self.drain()
-            self.triton.stop(DRAINED_STOP_S if drained else STOP_S)
+            self.triton.stop(DRAINED_STOP_S if self.drain_if_serving() else STOP_S)
         self.stop_service()
+
+    def drain_if_serving(self) -> bool:
+        """``drain()`` when Triton is up and ready (not while starting, nor after a stub died: nothing
+        would answer); True when every instance has drained. Again after a drain: True at once."""
+        return self.triton is not None and self.triton.alive() and self.triton.ready() and self.drain()
 
     def drain(self) -> bool:
         """Ask every llm instance to end its requests (the drain file) and wait, at most
