@@ -176,7 +176,7 @@ def _train(recipe: PairRecipe, seed: int, corpus_dir, reporter: Reporter, laps: 
 
     from control.buildsys.cpu.acceptance import heldout_prompts, measure_acceptance
     from control.buildsys.cpu.tokenizer import encode_files, special_ids, train_tokenizer
-    from control.buildsys.cpu.train import distill, init_model, make_config, train_lm
+    from control.buildsys.cpu.train import distill, init_model, make_config, native_bf16, train_lm
 
     reporter.phase("read corpus", None)
     corpus: Corpus = load_corpus(corpus_dir, max_train_bytes=recipe.max_train_bytes,
@@ -199,9 +199,12 @@ def _train(recipe: PairRecipe, seed: int, corpus_dir, reporter: Reporter, laps: 
                  f"({corpus.train_bytes / max(stream.numel(), 1):.2f} bytes/token)")
     laps.lap("encode")
 
+    bf16 = recipe.bf16_autocast and native_bf16()
+    if recipe.bf16_autocast and not bf16:
+        reporter.log("training in fp32: this CPU has no native bf16, and emulated bf16 autocast is ~20x slower")
     cfg_t = make_config(recipe.target, vocab, recipe.max_position, specials["bos"], specials["eos"])
     target = init_model(cfg_t, seed)
-    t_stats = train_lm(target, stream, recipe.target_train, seed + 1, reporter, bf16=recipe.bf16_autocast)
+    t_stats = train_lm(target, stream, recipe.target_train, seed + 1, reporter, bf16=bf16)
     reporter.log(f"target: {target.num_parameters() / 1e6:.2f}M parameters, loss {t_stats.first_loss:.2f} -> "
                  f"{t_stats.final_loss:.2f} in {t_stats.seconds:.0f} s ({t_stats.tokens_per_s:.0f} tokens/s)")
     laps.lap("train_target")
@@ -213,7 +216,7 @@ def _train(recipe: PairRecipe, seed: int, corpus_dir, reporter: Reporter, laps: 
         cfg_d = make_config(spec, vocab, recipe.max_position, specials["bos"], specials["eos"])
         drafts[spec.name] = init_model(cfg_d, seed + 100 + i)
     d_stats = dict(zip(drafts, distill(list(drafts.values()), data, recipe.distill.train, seed + 3, reporter,
-                                       bf16=recipe.bf16_autocast), strict=True))
+                                       bf16=bf16), strict=True))
     laps.lap("distill")
 
     ev = recipe.eval

@@ -8,6 +8,7 @@ import torch
 
 from control.buildsys.cpu.pair import build_cpu_pair, sha256_file
 from control.buildsys.cpu.recipe import QUICK, DistillSpec, EvalSpec, ModelSpec, PairRecipe, TrainSpec
+from control.buildsys.cpu.train import native_bf16
 from control.errors import ConfigError
 from control.executors.manifest import load_manifest
 from control.executors.reference.model import load_pretrained
@@ -65,6 +66,8 @@ def test_engine_directory_contract(tmp_path):
         assert meta["weights_sha256"] == sha256_file(d / "model.safetensors")
         assert meta["seed"] == 0 and meta["corpus"]["sha256"] == m["corpus"]["sha256"]
         assert meta["training"]["seconds"] > 0 and meta["training"]["tokens"] > 0
+        # bf16 autocast only where the CPU computes bf16 natively: emulated, it is ~20x slower than fp32
+        assert meta["training"]["bf16_autocast"] == (TINY.bf16_autocast and native_bf16())
         model = load_pretrained(d)
         assert model.num_parameters() == meta["params"] == m["params"][name]
         assert model.config.vocab_size == 300
