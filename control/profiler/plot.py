@@ -13,10 +13,11 @@ def write_points_csv(points: list[Point], path: str | Path) -> Path:
     path = Path(path)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "batch", "ctx", "tokens_per_request", "n_ctx", "n_batched", "ms_median", "ms_min", "ms_max"])
+        w.writerow(["model", "batch", "ctx", "tokens_per_request", "passes", "n_ctx", "n_batched", "ms_median", "ms_min",
+                    "ms_max"])
         for p in points:
-            w.writerow([p.model, p.batch, p.ctx, p.tokens, p.n_ctx, p.n_batched, f"{p.ms:.6f}", f"{p.ms_min:.6f}",
-                        f"{p.ms_max:.6f}"])
+            w.writerow([p.model, p.batch, p.ctx, p.tokens, p.passes, p.n_ctx, p.n_batched, f"{p.ms:.6f}",
+                        f"{p.ms_min:.6f}", f"{p.ms_max:.6f}"])
     return path
 
 
@@ -34,7 +35,7 @@ def plot_fit(points: list[Point], profile: Profile, path: str | Path) -> Path:
         pts = [p for p in points if p.model == key]
         c = profile.models[key].to_cost()
         meas = np.array([p.ms for p in pts])
-        pred = np.array([c.predict(p.n_ctx, p.n_batched, 1, p.batch) for p in pts])
+        pred = np.array([c.predict(p.n_ctx, p.n_batched, p.passes, p.batch) for p in pts])
         batch = np.array([p.batch for p in pts])
         cmap = plt.get_cmap("viridis")
         uniq = sorted(set(batch.tolist()))

@@ -27,7 +27,7 @@ from control.goodput.cost import fit_linear_cost, fit_target_cost
 from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, parse_profile
 from control.profiler.grid import CPU_GRID, GPU_GRID, Grid
 from control.profiler.models import ProfiledModel, default_dtype, engine_models, resolve_device, shape_models
-from control.profiler.timing import Point, sweep_model, time_ngram
+from control.profiler.timing import Point, sweep_draft_steps, sweep_model, time_ngram
 
 
 @dataclass
@@ -80,20 +80,22 @@ def sweep_and_fit(models: list[ProfiledModel], grid: Grid, reporter: Reporter):
     points: list[Point] = []
     coeffs: dict[str, CostCoeffs] = {}
     for m in models:
-        tokens = tuple(sorted({k + 1 for k in grid.ks})) if m.role == "target" else (1,)
-        pts = sweep_model(m.key, m.model, grid, tokens, reporter)
+        if m.role == "target":
+            pts = sweep_model(m.key, m.model, grid, tuple(sorted({k + 1 for k in grid.ks})), reporter)
+        else:  # a draft's passes as the engine runs them, its host work per pass included
+            pts = sweep_draft_steps(m.key, m.model, grid, reporter)
         if len(pts) < 3:
             from control.errors import ConfigError
 
             raise ConfigError(f"model '{m.key}': only {len(pts)} grid point(s) fit its positions/KV budget; "
                               "widen --batch/--ctx or raise --kv-budget-gb")
         # a target's passes vary the tokens per request (k + 1), so a per-request term can be told
-        # apart from a per-token one; a draft's (one token per request) cannot
+        # apart from a per-token one; a draft's (one token per request and pass) cannot
         args = ([p.n_ctx for p in pts], [p.n_batched for p in pts], [p.ms for p in pts])
         if m.role == "target" and len({p.tokens for p in pts}) > 1:
             fit = fit_target_cost(*args, requests=[p.batch for p in pts])
         else:
-            fit = fit_linear_cost(*args)
+            fit = fit_linear_cost(*args, passes=[p.passes for p in pts])
         coeffs[m.key] = CostCoeffs.from_cost(fit)
         points += pts
     return coeffs, points

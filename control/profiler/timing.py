@@ -1,10 +1,14 @@
-"""Timing forward passes of one model over the KV cache, as the executor runs them.
+"""Timing one model's passes over the KV cache, as the executor runs them.
 
-A pass packs ``batch`` requests, each adding ``tokens`` tokens at context ``ctx`` (1 token for a
-draft pass or plain decoding, k + 1 for verification). For each batch size one KV cache is sized
-to the largest context of the grid (within the KV budget) and reused. Repeats are interleaved
-across the points of a batch size (round robin), so a burst of load from other processes spreads
-over many points instead of spoiling one; each point reports the median of its repeats.
+- ``sweep_model``: forward passes. A pass packs ``batch`` requests, each adding ``tokens`` tokens at
+  context ``ctx`` (1 for plain decoding, k + 1 for verification).
+- ``sweep_draft_steps``: a draft model's whole draft steps of k passes through the engine's drafting
+  code (``executors.reference.draft_timing``), host work around each pass included.
+
+For each batch size one KV cache is sized to the largest context of the grid (within the KV budget)
+and reused. Repeats are interleaved across the points of a batch size (round robin), so a burst of
+load from other processes spreads over many points instead of spoiling one; each point reports the
+median of its repeats.
 """
 
 from __future__ import annotations
@@ -16,29 +20,25 @@ import numpy as np
 import torch
 
 from control.buildsys.cpu.progress import Reporter
+from control.executors.reference.draft_timing import DraftStep, DraftStepTimer
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
 from control.profiler.grid import Grid
 
 
 @dataclass(frozen=True)
 class Point:
-    """One timed pass shape and its median time."""
+    """One timed shape (a pass, or a draft step of ``passes`` passes) and its median time."""
 
     model: str
     batch: int
     ctx: int
-    tokens: int  # per request
+    tokens: int  # per request and pass
     ms: float  # median over repeats
     ms_min: float
     ms_max: float
-
-    @property
-    def n_ctx(self) -> int:
-        return self.batch * self.ctx
-
-    @property
-    def n_batched(self) -> int:
-        return self.batch * self.tokens
+    n_ctx: int  # context tokens read, summed over the passes
+    n_batched: int  # tokens computed, summed over the passes
+    passes: int = 1
 
 
 def kv_bytes_per_token(model: LlamaForCausalLM) -> int:
@@ -89,9 +89,50 @@ def sweep_model(name: str, model: LlamaForCausalLM, grid: Grid, token_counts: tu
                 reporter.advance(1)
         for (s, t), ts in zip(shapes, times, strict=True):
             a = np.asarray(ts)
-            points.append(Point(name, B, s, t, float(np.median(a)), float(a.min()), float(a.max())))
+            points.append(Point(name, B, s, t, float(np.median(a)), float(a.min()), float(a.max()), B * s, B * t))
         del cache
         if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return points
+
+
+def draft_lengths(grid: Grid) -> tuple[int, ...]:
+    """The k a draft model's steps are timed at: the grid's draft lengths above 0 (1 without any)."""
+    return tuple(k for k in grid.ks if k > 0) or (1,)
+
+
+def sweep_draft_steps(name: str, model: LlamaForCausalLM, grid: Grid, reporter: Reporter, seed: int = 0) -> list[Point]:
+    """Time draft steps of ``model`` at every (batch, ctx, k) of the grid that fits its positions and
+    KV budget, k from ``draft_lengths``; each point's features sum over the step's k passes."""
+    ks = draft_lengths(grid)
+    max_k = max(ks)
+    max_pos = model.config.max_position_embeddings
+    per_tok = kv_bytes_per_token(model)
+    budget = None if grid.kv_budget_gb is None else int(grid.kv_budget_gb * 2**30 / per_tok)
+    plan = []
+    for B in grid.batches:
+        ctxs = [s for s in grid.ctxs if s + max_k <= max_pos and (budget is None or B * (s + max_k) <= budget)]
+        if ctxs:
+            plan.append((B, [(s, k) for s in ctxs for k in ks]))
+    reporter.phase(f"time {name} draft steps", sum(len(p) for _, p in plan) * (grid.warmup + grid.repeats))
+    points: list[Point] = []
+    for B, shapes in plan:
+        timer = DraftStepTimer(name, model, B, max(s for s, _ in shapes) + max_k, seed=seed)
+        rows = [timer.rows(s, k) for s, k in shapes]
+        steps: list[list[DraftStep]] = [[] for _ in shapes]
+        for rep in range(grid.warmup + grid.repeats):
+            for j, r in enumerate(rows):
+                step = timer.run(r)
+                if rep >= grid.warmup:
+                    steps[j].append(step)
+                reporter.advance(1)
+        for (s, _k), st in zip(shapes, steps, strict=True):
+            a = np.array([x.ms for x in st])
+            f = st[0]
+            points.append(Point(name, B, s, 1, float(np.median(a)), float(a.min()), float(a.max()), f.ctx_tokens,
+                                f.batched_tokens, f.passes))
+        del timer
+        if model.lm_head.weight.device.type == "cuda":
             torch.cuda.empty_cache()
     return points
 

@@ -2,9 +2,9 @@
 
 ``find_profile`` looks in ``profiles/<sku>/*.yaml`` for a profile of the same engine (same pair
 name, or same SKU covering every drafter). ``quick_profile`` times a handful of packed forwards of
-the target and of each draft model (1-3 s for the full CPU pair shapes), fits T = a*N_ctx + b*N_batched
-+ c (+ d per request for the target) and returns a ``source: measured`` profile. Each shape keeps
-the fastest of its repeats, since load from other processes only ever adds time; while the target's
+the target and draft steps of each draft model through the engine's drafting code (1-3 s for the
+full CPU pair shapes), fits T = a*N_ctx + b*N_batched + c per pass (+ d per request for the target)
+and returns a ``source: measured`` profile. Each shape keeps the fastest of its repeats, since load from other processes only ever adds time; while the target's
 fit stays unclear (R^2 below ``CLEAR_R2``) it times the grid again and keeps each shape's fastest
 over all rounds, up to ``MAX_ROUNDS``. It is deliberately small: ``specctl profile`` (the profiler)
 sweeps properly and should replace it wherever it is available.
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from control.errors import ConfigError
+from control.executors.reference.draft_timing import DraftStepTimer
 from control.executors.reference.loader import LoadedEngine
 from control.executors.reference.model import KVCache, LlamaForCausalLM, Segment
 from control.executors.step.ngram import ngram_propose
@@ -29,6 +30,8 @@ from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, load_profile, p
 # (batch, context, new tokens per request): decode, verify-sized and wider passes.
 GRID = ((1, 32, 1), (1, 256, 1), (1, 128, 5), (4, 64, 1), (4, 256, 3), (8, 128, 1), (8, 32, 5), (16, 128, 1),
         (16, 64, 3))
+# (batch, context, draft length) of the draft models' timed draft steps
+DRAFT_GRID = ((1, 32, 1), (1, 256, 4), (4, 64, 2), (4, 256, 4), (8, 128, 1), (8, 32, 4), (16, 128, 2), (16, 64, 4))
 CLEAR_R2 = 0.9  # a target fit below this is timed again
 MAX_ROUNDS = 4
 
@@ -83,6 +86,24 @@ def _time_model(model: LlamaForCausalLM, repeats: int) -> tuple[list, list, list
     return n_ctx, n_tok, n_req, t_ms
 
 
+def _time_draft_steps(name: str, model: LlamaForCausalLM, repeats: int) -> tuple[list, list, list, list]:
+    """(context tokens, batched tokens, passes, fastest ms) of draft steps at ``DRAFT_GRID``, timed
+    through the engine's drafting code (``draft_timing``: its host work per pass included)."""
+    n_ctx, n_tok, passes, t_ms = [], [], [], []
+    max_len = max(c + k for _, c, k in DRAFT_GRID)
+    timers: dict[int, DraftStepTimer] = {}
+    for b, c, k in DRAFT_GRID:
+        timer = timers.setdefault(b, DraftStepTimer(name, model, b, max_len))
+        rows = timer.rows(c, k)
+        timer.run(rows)  # warm-up
+        steps = [timer.run(rows) for _ in range(repeats)]
+        n_ctx.append(steps[0].ctx_tokens)
+        n_tok.append(steps[0].batched_tokens)
+        passes.append(steps[0].passes)
+        t_ms.append(min(s.ms for s in steps))
+    return n_ctx, n_tok, passes, t_ms
+
+
 def _fit_target(model: LlamaForCausalLM, repeats: int) -> tuple[LinearCost, tuple[list, list, list], int]:
     """The target's fit, timed again (fastest per shape over all rounds) until it is clear."""
     n_ctx, n_tok, n_req, t_ms = _time_model(model, repeats)
@@ -104,9 +125,9 @@ def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -
     for name, model in loaded.drafters.items():
         if not isinstance(model, LlamaForCausalLM):
             continue
-        n_ctx, n_tok, _, t_ms = _time_model(model, repeats)
-        models[name] = CostCoeffs.from_cost(fit_linear_cost(n_ctx, n_tok, t_ms)).model_dump()
-        grid[name] = {"n_ctx": n_ctx, "n_batched": n_tok, "t_ms": [round(x, 4) for x in t_ms]}
+        n_ctx, n_tok, passes, t_ms = _time_draft_steps(name, model, repeats)
+        models[name] = CostCoeffs.from_cost(fit_linear_cost(n_ctx, n_tok, t_ms, passes=passes)).model_dump()
+        grid[name] = {"n_ctx": n_ctx, "n_batched": n_tok, "passes": passes, "t_ms": [round(x, 4) for x in t_ms]}
     ctx = np.random.default_rng(0).integers(0, loaded.target.config.vocab_size, 512)
     t0 = time.perf_counter()
     for _ in range(20):
