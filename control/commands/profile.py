@@ -11,11 +11,12 @@ from control.errors import ConfigError, MissingDependencyError
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "profile", help="time the models' forward passes and fit the cost model (writes profiles/<sku>/<pair>.yaml)",
-        description="Sweep batch size x context length x k, time draft and verify passes separately (warm-up, "
-                    "repeats, medians), fit T = a*N_ctx + b*N_batched + c per model (plus d*N_req for the "
-                    "target where its passes grow per request), and write the profile "
-                    "(specctl.profile/v1, source: measured) with a PNG of measured vs predicted.")
+        "profile", help="time the models' passes and fit the cost model (writes profiles/<sku>/<pair>.yaml)",
+        description="Sweep batch size x context length x k: the target's verify passes, and each draft model's "
+                    "draft steps of k passes through the engine's drafting code (its host work per pass "
+                    "included); warm-up, repeats, medians. Fit T = a*N_ctx + b*N_batched + c per pass and "
+                    "model (plus d*N_req for the target where its passes grow per request), and write the "
+                    "profile (specctl.profile/v1, source: measured) with a PNG of measured vs predicted.")
     p.add_argument("--executor", default="reference", choices=["reference", "trtllm"],
                    help="what to profile (default reference: the PyTorch engine)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -31,7 +32,7 @@ def register(sub) -> None:
                                  "raw points (CSV) go next to it")
     p.add_argument("--batch", help="batch sizes, e.g. 1,2,4,8 (default: the device's grid)")
     p.add_argument("--ctx", help="context lengths, e.g. 32,128,512")
-    p.add_argument("--k", help="draft lengths for verification passes, e.g. 0,1,3,7")
+    p.add_argument("--k", help="draft lengths, e.g. 0,1,3,7: verification passes of k + 1 tokens, draft steps of k > 0")
     p.add_argument("--repeats", type=A.positive_int, help="timed repeats per point (median is kept)")
     p.add_argument("--warmup", type=int, help="untimed passes per point before the repeats")
     p.add_argument("--kv-budget-gb", type=A.positive_float, help="KV cache budget per model in GiB (GPU default 24)")
