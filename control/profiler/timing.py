@@ -51,6 +51,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _shape_plan(model: LlamaForCausalLM, grid: Grid, extents: tuple[int, ...]) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Per batch size of the grid, the (ctx, extent) shapes whose ctx + the largest extent (tokens a
+    request adds) fit the model's positions and, for the whole batch, its KV budget."""
+    top = max(extents)
+    max_pos = model.config.max_position_embeddings
+    budget = None if grid.kv_budget_gb is None else int(grid.kv_budget_gb * 2**30 / kv_bytes_per_token(model))
+    plan = []
+    for B in grid.batches:
+        ctxs = [s for s in grid.ctxs if s + top <= max_pos and (budget is None or B * (s + top) <= budget)]
+        if ctxs:
+            plan.append((B, [(s, e) for s in ctxs for e in extents]))
+    return plan
+
+
 @torch.inference_mode()
 def sweep_model(name: str, model: LlamaForCausalLM, grid: Grid, token_counts: tuple[int, ...], reporter: Reporter,
                 seed: int = 0) -> list[Point]:
@@ -59,14 +73,7 @@ def sweep_model(name: str, model: LlamaForCausalLM, grid: Grid, token_counts: tu
     dtype = model.lm_head.weight.dtype
     g = torch.Generator().manual_seed(seed)
     max_tok = max(token_counts)
-    max_pos = model.config.max_position_embeddings
-    per_tok = kv_bytes_per_token(model)
-    budget = None if grid.kv_budget_gb is None else int(grid.kv_budget_gb * 2**30 / per_tok)
-    plan: list[tuple[int, list[tuple[int, int]]]] = []
-    for B in grid.batches:
-        ctxs = [s for s in grid.ctxs if s + max_tok <= max_pos and (budget is None or B * (s + max_tok) <= budget)]
-        if ctxs:
-            plan.append((B, [(s, t) for s in ctxs for t in token_counts]))
+    plan = _shape_plan(model, grid, token_counts)
     total = sum(len(pts) for _, pts in plan) * (grid.warmup + grid.repeats)
     reporter.phase(f"time {name}", total)
     points: list[Point] = []
@@ -106,14 +113,7 @@ def sweep_draft_steps(name: str, model: LlamaForCausalLM, grid: Grid, reporter: 
     KV budget, k from ``draft_lengths``; each point's features sum over the step's k passes."""
     ks = draft_lengths(grid)
     max_k = max(ks)
-    max_pos = model.config.max_position_embeddings
-    per_tok = kv_bytes_per_token(model)
-    budget = None if grid.kv_budget_gb is None else int(grid.kv_budget_gb * 2**30 / per_tok)
-    plan = []
-    for B in grid.batches:
-        ctxs = [s for s in grid.ctxs if s + max_k <= max_pos and (budget is None or B * (s + max_k) <= budget)]
-        if ctxs:
-            plan.append((B, [(s, k) for s in ctxs for k in ks]))
+    plan = _shape_plan(model, grid, ks)
     reporter.phase(f"time {name} draft steps", sum(len(p) for _, p in plan) * (grid.warmup + grid.repeats))
     points: list[Point] = []
     for B, shapes in plan:
