@@ -94,15 +94,16 @@ def side_by_side(models, batches=(1, 4, 16), ctx: int = 128, k: int = 4, repeats
     return rows
 
 
-def write_profiles(template: Path, out: Path, coeffs: dict, ngram_ms: float, env: dict) -> list[Path]:
-    from control.profile import load_profile, parse_profile
+def write_profiles(template, out: Path, coeffs: dict, ngram_ms: float, env: dict) -> list[Path]:
+    """Two copies of the ``template`` profile with this machine's coefficients (module doc)."""
+    from control.profile import parse_profile
 
-    doc = load_profile(template).model_dump(mode="json", by_alias=True)
+    doc = template.model_dump(mode="json", by_alias=True)
     written = []
     for suffix, pick in (("", 0), ("-bare", 1)):
         d = {**doc, "environment": {**env, "drafts": "bare forwards" if pick else "engine draft steps",
                                     "method": "benchmarks/draft_step_price.py: random weights of the pair's shapes; "
-                                              f"drafters, acceptance and limits from {template.name}"}}
+                                              f"drafters, acceptance and limits from {template.pair}'s profile"}}
         d["models"] = {k: (c[0] if k == "target" else c[pick]).model_dump() for k, c in coeffs.items()}
         d["drafters"] = [{**x, "cost_ms": round(ngram_ms, 5)} if x["kind"] == "ngram" else x for x in doc["drafters"]]
         path = out.parent / f"{out.name}{suffix}.yaml"
@@ -127,9 +128,16 @@ def main(argv=None) -> int:
 
     if args.threads < 1:
         ap.error(f"--threads {args.threads}: must be >= 1")
-    template = args.template or ROOT / "profiles" / "cpu" / f"stdlib-{args.recipe}.yaml"
-    if not template.is_file():
-        ap.error(f"--template {template}: no such profile; give a measured profile of the same pair")
+    from control.errors import ConfigError
+    from control.profile import load_profile
+
+    path = args.template or ROOT / "profiles" / "cpu" / f"stdlib-{args.recipe}.yaml"
+    if not path.is_file():
+        ap.error(f"--template {path}: no such profile; give a measured profile of the same pair")
+    try:  # before two minutes of timing, not after
+        template = load_profile(path)
+    except ConfigError as e:
+        ap.error(f"--template: {e}")
     torch.set_num_threads(args.threads)
     recipe, models = shape_models(args.recipe)
     print("side by side, context 128, k = 4 (ms per pass, medians of alternate runs):")

@@ -36,3 +36,13 @@ def test_a_bad_thread_count_is_one_line(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "draft_step_price.py"), "--out", str(tmp_path / "x"),
                           "--threads", "0"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--threads 0: must be >= 1" in run.stderr
+
+
+def test_a_template_that_is_not_a_profile_is_refused_before_timing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("not: a profile\n")
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "draft_step_price.py"), "--out", str(tmp_path / "x"),
+                          "--template", str(bad)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--template: profile" in run.stderr and "schema" in run.stderr
+    assert "Traceback" not in run.stderr and "side by side" not in run.stdout
