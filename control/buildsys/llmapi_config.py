@@ -127,7 +127,7 @@ def llm_model_config(recipe: Recipe, control: str, model: str, version: str = PI
               tensor("stop_words", "TYPE_STRING", "[ -1 ]"), tensor("bad_words", "TYPE_STRING", "[ -1 ]"),
               tensor("end_id", "TYPE_INT32"), tensor("ignore_eos", "TYPE_BOOL"), tensor("num_draft_tokens", "TYPE_INT32"),
               tensor("policy", "TYPE_STRING"),
-              tensor("stats", "TYPE_BOOL")]
+              tensor("stats", "TYPE_BOOL"), tensor("stop", "TYPE_BOOL")]
     # Speculation metrics under tensorrtllm_backend's names and under ours (what `specctl generate`
     # and `specctl bench` read, as from the reference path's config).
     outputs = [tensor("text_output", "TYPE_STRING", "[ -1 ]", False), tensor("output_ids", "TYPE_INT32", "[ -1 ]", False),

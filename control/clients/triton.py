@@ -152,6 +152,15 @@ def grpc_inputs(prompt: str | list[int], params: GenParams, stream: bool = True)
     return ins
 
 
+def stop_inputs() -> list:
+    """A stop request's inputs (``stop`` true): sent with a request's id, it ends that request."""
+    import tritonclient.grpc as g
+
+    t = g.InferInput("stop", [1], "BOOL")
+    t.set_data_from_numpy(np.array([True]))
+    return [t]
+
+
 def _absorb(res: Result, r, t: float) -> bool:
     """Add one response to ``res``; True when it is the final one."""
     final = bool(r.get_response().parameters["triton_final_response"].bool_param)

@@ -16,7 +16,8 @@ pool. Responses come back with the batch dimension restored and ``batch_index`` 
 ``text_output[0]``; every other output gets the batch dimension (``[1, ...]`` / ``[B, ...]``).
 
 A client that cancels stops receiving at once; its rows run to their end in ``llm`` (this Python
-backend has no BLS cancellation).
+backend has no BLS cancellation), unless it sends a ``stop`` request with the same request id, which
+``llm`` applies to every row (``control/triton/stops.py``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class ForwardModel:
             wanted = [n for n in request.requested_output_names() if n in self.outputs] or self.outputs
             sender = request.get_response_sender()
             run = self._stream if self.decoupled else self._collect
-            threading.Thread(target=self._guard, args=(run, rows, wanted, sender), daemon=True,
+            tid = request.request_id() or ""
+            threading.Thread(target=self._guard, args=(run, rows, wanted, sender, tid), daemon=True,
                              name=f"{self.name}-forward").start()
         return None
 
@@ -104,24 +106,26 @@ class ForwardModel:
         return [{n: a[b] for n, a in arrays.items()} for b in range(batch)]  # each [1] or [N]
 
     # -- forwarding ------------------------------------------------------------------------------------
-    def _guard(self, run, rows, wanted, sender) -> None:
+    def _guard(self, run, rows, wanted, sender, tid: str) -> None:
         try:
-            run(rows, wanted, sender)
+            run(rows, wanted, sender, tid)
         except Exception as e:  # a bug fails this request only
             log.exception("%s: forwarding failed", self.name)
             self._send_error(sender, f"internal error ({type(e).__name__}) while forwarding to {TARGET}; "
                                      "see the server log", final=True)
 
-    def _request(self, row: dict[str, np.ndarray], wanted: list[str]):
+    def _request(self, row: dict[str, np.ndarray], wanted: list[str], tid: str):
+        """The BLS request for one row, under the client's request id (every row of a request shares
+        it, so a ``stop`` request with that id ends them all, as upstream's)."""
         pb = self.pb
         tensors = [pb.Tensor(n, np.ascontiguousarray(a)) for n, a in row.items()]
-        return pb.InferenceRequest(model_name=TARGET, inputs=tensors, requested_output_names=wanted)
+        return pb.InferenceRequest(model_name=TARGET, inputs=tensors, requested_output_names=wanted, request_id=tid)
 
-    def _stream(self, rows, wanted, sender) -> None:
+    def _stream(self, rows, wanted, sender, tid: str) -> None:
         """Decoupled: forward each response as it comes. Streamed rows go out at once and a flags-only
         response ends the request; otherwise (one response per row) the last response carries the
         final flag, as Triton's HTTP ``generate`` wants exactly one response."""
-        iters = [self._request(row, wanted).exec(decoupled=True) for row in rows]
+        iters = [self._request(row, wanted, tid).exec(decoupled=True) for row in rows]
         eager = any(bool(np.asarray(row["stream"]).reshape(-1)[0]) for row in rows if "stream" in row)
         held = None  # (outputs, error) waiting for the next one, so the last can carry the final flag
         for b, responses in enumerate(iters):
@@ -145,11 +149,11 @@ class ForwardModel:
         else:
             self._final(sender)
 
-    def _collect(self, rows, wanted, sender) -> None:
+    def _collect(self, rows, wanted, sender, tid: str) -> None:
         """Not decoupled: one response holding every row, token ids padded to the longest row."""
         per_row = []
         for row in rows:
-            r = self._request(row, wanted).exec()
+            r = self._request(row, wanted, tid).exec()
             if r.has_error():
                 self._send_error(sender, model_message(r.error().message()), final=True)
                 return

@@ -37,6 +37,9 @@ host's ``describe()`` to its stats. ``LlmModel``:
   timeout. The deployment (``deploy.py``) therefore writes the ``drain_file`` first: the loop, which
   looks for it every ``DRAIN_POLL_S``, ends every request with an error response saying the server is
   stopping, refuses new ones, and writes ``<drain_file>.<instance>`` to say it has; then Triton stops.
+- A request with ``stop`` true ends the request in flight with the same request id before the next
+  step (``stops.py``): that request's final response carries what it has (counted as cancelled, and
+  as stopped); the stop request is answered at once with one empty final response.
 - A request with ``stats`` true gets the instance's counters (KV slots in use, requests, the plan the
   agent follows, the last step's k, whether the engine loop is alive and how long since it last
   stepped or woke idle) as JSON in ``text_output``.
@@ -151,15 +154,33 @@ class LlmModel(ResponseSender):
                     self.instance, t0 - t_start, t1 - t0, t2 - t1, time.monotonic() - t2)
 
     # -- requests --------------------------------------------------------------------------------------
-    def _submit(self, req: GenerateRequest, sender) -> None:
+    def _submit(self, req: GenerateRequest, sender, tid: str = "") -> None:
         with self._reg:
             if self._draining:
                 raise ConfigError(f"{STOPPING}; retry this request once it is back, or on another replica")
+            if self._stops.arrived(tid):  # stopped while its prompt was tokenised: it ends without running
+                self._ended_by_stop(sender)
+                return
             rid = self.engine.add_request(req.prompt_ids, req.params)  # ConfigError: nothing is queued
             self.live[rid] = Live(rid, sender, req.stream, Detokenizer(self._decode), time.monotonic(), req,
-                                  arrival_ns=time.time_ns())
+                                  tid=tid, arrival_ns=time.time_ns())
             self._watch.add(rid)
             self.counters.requests += 1
+        with self._cond:
+            self._cond.notify()
+
+    def _ended_by_stop(self, sender) -> None:
+        c = self.counters
+        c.requests += 1
+        c.cancelled += 1
+        c.stopped += 1
+        self.metrics.cancelled(tokens=0, drafted=0, accepted=0)
+        try:
+            sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            c.send_errors += 1
+
+    def _wake(self) -> None:
         with self._cond:
             self._cond.notify()
 
@@ -263,7 +284,13 @@ class LlmModel(ResponseSender):
         self._drafter_steps += np.bincount(d[(d >= 0) & (d < m)], minlength=m)
 
     def _reap_cancelled(self) -> None:
-        """Cancel the requests whose client cancelled or went away, among those due to be asked."""
+        """Cancel the requests a stop request named, and those whose client cancelled or went away
+        among those due to be asked."""
+        for tid in self._stops.due():
+            with self._reg:  # execute() registers requests meanwhile
+                named = [(rid, live) for rid, live in self.live.items() if live.tid == tid]
+            for rid, live in named:
+                self._stopped(rid, live)
         for rid in self._watch.due(self.live):
             live = self.live.get(rid)
             if live is None:
@@ -283,6 +310,24 @@ class LlmModel(ResponseSender):
             live.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
             self.counters.send_errors += 1
+
+    def _stopped(self, rid: int, live: Live) -> None:
+        """A stop request ended ``rid``: its client is still there, so its final response carries what
+        it has (the text not yet sent when streaming, the whole answer so far otherwise), as
+        TensorRT-LLM answers a cancelled request."""
+        self._drop(rid)
+        c = self.counters
+        c.cancelled += 1
+        c.stopped += 1
+        self.metrics.cancelled(tokens=live.generated, drafted=live.drafted, accepted=live.accepted)
+        rest = live.detok.push((), final=True)
+        try:
+            if live.stream:
+                self._send(live.sender, self._outputs(live, rest, []), final=True)
+            else:
+                self._send(live.sender, self._outputs(live, "".join(live.text) + rest, live.ids), final=True)
+        except Exception:
+            c.send_errors += 1
 
     def _drop(self, rid: int) -> None:
         """Forget request ``rid`` here and in the executor (between steps: its KV slot is freed now);
@@ -383,6 +428,7 @@ class LlmModel(ResponseSender):
             "capabilities": e.capabilities.to_dict(), "active_requests": len(self.live),
             "waiting": e.last_stats.waiting,
             "requests": c.requests, "rejected": c.rejected, "completed": c.completed, "cancelled": c.cancelled,
+            "stopped": c.stopped,
             "failed": c.failed, "steps": t.steps, "step_errors": c.step_errors, "send_errors": c.send_errors,
             "drafted": c.drafted, "accepted": c.accepted, "last_k": self._last_k, "last_error": c.last_error,
             "busy_ms": round(t.sums.total_ms, 3), "policy_ms": round(t.sums.policy_ms, 3),

@@ -5,7 +5,9 @@ Names follow tensorrtllm_backend's ensemble and BLS models: ``text_input`` (or `
 ``bad_words``, ``end_id``, ``pad_id``, ``num_draft_tokens`` (a per-request cap on the draft length),
 ``beam_width`` (1 only), ``num_return_sequences`` (1 only), ``exclude_input_in_output`` and the
 ``return_*`` flags -> ``text_output``, ``output_ids`` and the per-request speculation metrics under
-our names and upstream's (``total_draft_tokens`` / ``total_accepted_draft_tokens``). Three additions:
+our names and upstream's (``total_draft_tokens`` / ``total_accepted_draft_tokens``), and ``stop`` (a
+request with ``stop`` true ends the request in flight with the same request id, as upstream's
+``tensorrt_llm`` model does; see ``control/triton/stops.py``). Three additions:
 ``policy`` (``none`` turns speculation off for the request; the deployment's policy is switched
 through the control plane), ``stats`` (a request whose ``stats`` is true gets the instance's
 counters as JSON in ``text_output`` instead of text) and ``ignore_eos`` (generate ``max_tokens``
@@ -61,7 +63,7 @@ INPUTS = {
     "exclude_input_in_output": "BOOL", "return_perf_metrics": "BOOL", "return_log_probs": "BOOL",
     "return_context_logits": "BOOL", "return_generation_logits": "BOOL",
     "repetition_penalty": "FP32", "presence_penalty": "FP32", "frequency_penalty": "FP32",
-    "length_penalty": "FP32", "min_tokens": "INT32", "policy": "BYTES", "stats": "BOOL",
+    "length_penalty": "FP32", "min_tokens": "INT32", "policy": "BYTES", "stats": "BOOL", "stop": "BOOL",
 }
 LIST_INPUTS = ("input_ids", "stop_words", "bad_words")  # the rest hold one value
 # Request parameters Triton itself uses; any other parameter is a field the model does not know.
@@ -116,6 +118,12 @@ class GenerateRequest:
 @dataclass(frozen=True, slots=True)
 class StatsRequest:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequest:
+    """``stop`` true: end the request in flight with the same request id (tensorrtllm_backend's
+    ``stop`` input); the stop request itself is answered with one empty final response."""
 
 
 def _show(v: Any, width: int = 40) -> str:
@@ -268,12 +276,14 @@ def _policy_cap(tensors: Mapping[str, np.ndarray | None], deployment_policy: str
 
 def parse_request(tensors: Mapping[str, np.ndarray | None], *, limits: Limits, encode: Callable[[str], list[int]],
                   encode_words: Callable[[str], list[int]], deployment_policy: str,
-                  inline_prompt_bytes: int | None = None) -> GenerateRequest | StatsRequest:
+                  inline_prompt_bytes: int | None = None) -> GenerateRequest | StatsRequest | StopRequest:
     """Validate one request's tensors; ``encode`` tokenises a prompt, ``encode_words`` a stop/bad word.
 
     A text prompt over ``inline_prompt_bytes`` (None: no limit) is not tokenised here: the request
     comes back with ``tokenize_later`` set and empty ``prompt_ids``."""
     get = tensors.get
+    if _given(tensors, "stop") and _flag("stop", get("stop")):
+        return StopRequest()
     if _given(tensors, "stats") and _flag("stats", get("stats")):
         return StatsRequest()
     _neutral_inputs(tensors)

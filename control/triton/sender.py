@@ -25,9 +25,11 @@ from control.triton.llm_request import (
     STOPPING,
     GenerateRequest,
     StatsRequest,
+    StopRequest,
     check_parameters,
     parse_request,
 )
+from control.triton.stops import Stops
 from control.triton.tokenize_worker import INLINE_PROMPT_BYTES, TokenizeWorker
 
 log = logging.getLogger("specctl.triton.llm")
@@ -202,6 +204,7 @@ class Live:
     started: float  # monotonic
     request: GenerateRequest | None = None
     _: KW_ONLY
+    tid: str = ""  # the Triton request id ("" when the client gave none): what a stop request names
     text: list[str] = field(default_factory=list)  # text deltas sent so far
     ids: list[int] = field(default_factory=list)  # token ids sent so far
     generated: int = 0  # tokens the engine has delivered for it so far
@@ -220,7 +223,8 @@ class Counters:
     requests: int = 0
     rejected: int = 0
     completed: int = 0
-    cancelled: int = 0
+    cancelled: int = 0  # by the client: a cancelled stream, a connection gone, or a stop request
+    stopped: int = 0  # of those, by a stop request
     failed: int = 0
     send_errors: int = 0
     drafted: int = 0
@@ -239,7 +243,8 @@ class ResponseSender:
     Needs ``self.pb`` (triton_python_backend_utils), ``self.outputs`` (the output names the config
     declares), ``self.counters`` (``rejected``, ``send_errors``), the request parser's inputs
     (``limits``, ``_encode``, ``_encode_words``, ``current_policy()``), ``stats()`` and
-    ``_submit(parsed, sender)``, which starts serving one parsed request.
+    ``_submit(parsed, sender, tid)``, which starts serving one parsed request, and ``_wake()``, which
+    tells the engine loop a stop request came (``stops.py``).
     """
 
     def _read_config(self, pb, args: dict[str, Any]) -> ModelParams:
@@ -255,6 +260,7 @@ class ResponseSender:
         self.metrics = LlmMetrics(pb, self.config.get("name", "llm"))
         self._tokenizer = TokenizeWorker(f"{self.instance}-tokenize".replace(" ", "-"))
         self._encode_large: Callable[[str], list[int]] | None = None  # a GIL-free encode, where the host has one
+        self._stops = Stops()
         return self.params
 
     def _close_tokenizer(self) -> None:
@@ -274,14 +280,18 @@ class ResponseSender:
             sender = None
             try:
                 parsed = self._parse(request)
+                tid = request.request_id() or ""
                 sender = request.get_response_sender()
                 if isinstance(parsed, StatsRequest):
                     self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)
+                elif isinstance(parsed, StopRequest):
+                    self._stop_request(tid, sender)
                 elif parsed.tokenize_later:
-                    self._tokenizer.put(lambda p=parsed, s=sender: self._tokenize_and_submit(p, s),
-                                        lambda s=sender: self._send_error(s, f"{STOPPING}; retry it"))
+                    self._stops.expect(tid)
+                    self._tokenizer.put(lambda p=parsed, s=sender, t=tid: self._tokenize_and_submit(p, s, t),
+                                        lambda s=sender, t=tid: self._tokenize_refused(s, t))
                 else:
-                    self._submit(parsed, sender)  # ConfigError: nothing was queued
+                    self._submit(parsed, sender, tid)  # ConfigError: nothing was queued
                 continue
             except ConfigError as e:
                 message = str(e)
@@ -292,23 +302,38 @@ class ResponseSender:
             self.metrics.rejected()
             self._send_error(sender or request.get_response_sender(), message)
 
-    def _tokenize_and_submit(self, parsed: GenerateRequest, sender) -> None:
+    def _stop_request(self, tid: str, sender) -> None:
+        """``stop`` true: end the request in flight with this request's id (``stops.py``); the stop
+        request gets one empty final response now."""
+        if not tid:
+            raise ConfigError("stop = true needs the id of the request to stop: send it on a gRPC stream with "
+                              "that request's request_id (Triton's HTTP generate cannot carry one)")
+        self._stops.request(tid)
+        self._wake()
+        self._send(sender, {}, final=True)
+
+    def _tokenize_refused(self, sender, tid: str) -> None:
+        self._stops.arrived(tid)
+        self._send_error(sender, f"{STOPPING}; retry it")
+
+    def _tokenize_and_submit(self, parsed: GenerateRequest, sender, tid: str = "") -> None:
         """On the tokenising thread: tokenise a large prompt, then start the request (or refuse it:
         Triton has counted it already, so the refusal counts in ``specctl_requests_total`` only)."""
         try:
             ids = (self._encode_large or self._encode)(parsed.prompt_text)
-            self._submit(dataclasses.replace(parsed, prompt_ids=ids, tokenize_later=False), sender)
+            self._submit(dataclasses.replace(parsed, prompt_ids=ids, tokenize_later=False), sender, tid)
             return
         except ConfigError as e:
             message = str(e)
         except Exception as e:  # a bug must not take the instance down: fail this request only
             log.exception("llm: starting a request failed")
             message = f"internal error ({type(e).__name__}) while starting this request; see the server log"
+        self._stops.arrived(tid)  # (a no-op once the request was registered)
         self.counters.rejected += 1
         self.metrics.rejected()
         self._send_error(sender, message)
 
-    def _parse(self, request) -> GenerateRequest | StatsRequest:
+    def _parse(self, request) -> GenerateRequest | StatsRequest | StopRequest:
         pb = self.pb
         check_parameters(request.parameters())
         tensors = {}

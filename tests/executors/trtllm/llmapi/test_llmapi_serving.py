@@ -15,10 +15,13 @@ from control.clients.triton import (
     GenParams,
     RequestError,
     grpc_generate,
+    grpc_inputs,
     http_generate,
     model_stats,
+    stop_inputs,
     stream_generate,
 )
+from tests.e2e.stop_client import stream_then_stop
 from tests.executors.trtllm.bls.engines import CORPUS, train_tokenizer
 from tests.executors.trtllm.llmapi.conftest import FAIL_TOKEN, TOKEN
 
@@ -125,6 +128,19 @@ def test_cancel_mid_stream_aborts_the_request_in_the_executor(llmapi):
     assert after["aborted"] == before["aborted"] + 1  # RequestOutput.abort() was called
     assert after["completed"] == before["completed"] and after["failed"] == before["failed"]
     assert grpc_generate(llmapi.grpc_url, prompt_text(2), GenParams(max_tokens=5)).token_ids  # it keeps serving
+
+
+def test_a_stop_request_aborts_the_request_in_the_executor(llmapi):
+    before = model_stats(llmapi.http_url)
+    stream_then_stop(llmapi.grpc_url, "llm", grpc_inputs(prompt_text(3), GenParams(max_tokens=400)), stop_inputs(),
+                      "llmapi-stop")
+    after = model_stats(llmapi.http_url)
+    deadline = time.monotonic() + 5
+    while after["active_requests"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+        after = model_stats(llmapi.http_url)
+    assert after["active_requests"] == 0
+    assert [after[k] - before[k] for k in ("cancelled", "stopped", "aborted", "completed")] == [1, 1, 1, 0], after
 
 
 def test_an_error_in_one_request_fails_only_that_request(llmapi, reference_greedy):
