@@ -104,6 +104,19 @@ def llmapi(tmp_path_factory, tiny_checkpoints, llmapi_profile):
         _stop(service)
 
 
+@pytest.fixture(autouse=True)
+def llmapi_alive(request):
+    """A test of the shared deployment fails at once, with the server's log, when an earlier test left
+    its tritonserver dead (every later request would otherwise fail on a refused connection)."""
+    if "llmapi" in request.fixturenames:
+        dep = request.getfixturevalue("llmapi")
+        if dep.triton.proc.poll() is not None:
+            last = dep.triton.log_path.read_text(errors="replace").splitlines()[-30:]
+            pytest.fail(f"tritonserver exited (code {dep.triton.proc.returncode}) during an earlier test; the "
+                        f"end of its log ({dep.triton.log_path}):\n" + "\n".join(last))
+    yield
+
+
 @pytest.fixture(scope="session")
 def reference_greedy(tiny_checkpoints):
     """Greedy output of the reference engine run directly on the tiny target (no Triton, no speculation)."""
