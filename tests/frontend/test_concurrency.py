@@ -67,8 +67,10 @@ def test_client_leaving_mid_stream_frees_the_request(frontend, deployment):
             assert next(line for line in lines if line.startswith("data:"))
         # the connection is closed here, long before 900 tokens
     s = _settled(deployment)
-    # cancelled on the server, not run to the end: 900 tokens would take seconds longer
+    # cancelled on the server, not run to the end: 900 tokens would take seconds longer; by a stop
+    # request with the request's id, not by cancelling the gRPC stream (control/frontend/backend.py)
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (3, 0), s
+    assert s["stopped"] - before["stopped"] == 3, s
 
 
 def _post_and_leave(frontend, deployment, route: str, body: dict) -> None:
@@ -96,6 +98,7 @@ def test_client_leaving_before_a_whole_answer_frees_the_request(frontend, deploy
         _post_and_leave(frontend, deployment, route, body)  # long before 900 tokens
     s = _settled(deployment)
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (2, 0), s
+    assert s["stopped"] - before["stopped"] == 2, s  # (by a stop request)
     # the front end still answers whole requests, and a client that gives up is still one that left
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{frontend.url}/v1/{route}", json=body, timeout=httpx.Timeout(60, read=0.5))
