@@ -76,10 +76,12 @@ def test_quick_calibration_compiles_a_plan(quick_engines):
     rounds = prof.grid["timings"]["target"]["rounds"]
     assert 1 <= rounds <= MAX_ROUNDS
     assert t.r2 >= CLEAR_R2 or rounds == MAX_ROUNDS
-    # a real cost model: a pass of 16 requests costs more than one of 1, and verifying k + 1 tokens
-    # costs no less than one. (The quick pair's target is so small that its passes grow per request
-    # far more than per token: the calibration keeps a per-request term for it.)
-    assert t.predict(16 * 64, 16, 1, 16) > 2 * t.predict(64, 1, 1, 1)
+    # a real cost model: a pass of 16 requests costs more than one of 1, by more than the fit's own
+    # noise, and verifying k + 1 tokens costs no less than one. (The quick pair's target is so small
+    # that its passes grow per request far more than per token: the calibration keeps a per-request
+    # term for it. The ratio of the two passes is no test: the per-pass constant, 1.3-3.9 ms across
+    # runs on one 2-core machine, moved it from 1.8 to 4.9.)
+    assert t.predict(16 * 64, 16, 1, 16) - t.predict(64, 1, 1, 1) > 2 * t.resid_std_ms
     assert t.predict(64, 6, 1, 1) >= t.predict(64, 1, 1, 1)
     for name in ("draft-small", "draft-tiny"):
         assert prof.models[name].to_cost().predict(16 * 64, 16) > prof.models[name].to_cost().predict(64, 1)
