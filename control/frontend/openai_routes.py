@@ -149,7 +149,7 @@ async def stream(job: Job, first: Piece | None, pieces: AsyncIterator[Piece], se
         yield b"data: [DONE]\n\n"
         return
     finally:
-        await pieces.aclose()  # cancels the request on the server if the client went away
+        await pieces.aclose()  # stops the request on the server if the client went away (backend.py)
     last = {**head, "choices": [_choice(job, None, _finish_reason(job, n, trimmer), stream=True)]}
     tail = [last]
     if job.req.include_usage:
@@ -184,7 +184,7 @@ async def _first_piece(pieces: AsyncIterator[Piece]) -> Piece | None:
 
 async def _while_connected(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
     """(True, ``work``'s result), or (False, None) once the client has gone: the work is then cancelled,
-    which ends the gRPC stream, and the model frees the request's KV slot at its next step (a client
+    which stops the request (``backend.py``), and the model frees its KV slot at its next step (a client
     that times out and retries would otherwise leave the first generation running to max_tokens
     beside the retry)."""
     task = asyncio.ensure_future(work)

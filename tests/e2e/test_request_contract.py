@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from control.errors import ConfigError
-from control.triton.llm_request import GenerateRequest, Limits, StatsRequest, parse_request
+from control.triton.llm_request import GenerateRequest, Limits, StatsRequest, StopRequest, parse_request
 from control.triton.sender import Detokenizer
 
 
@@ -38,6 +38,16 @@ def test_defaults_policy_none_and_stats():
     assert _parse(text_input="x", policy="adaptive").params.num_draft_tokens is None
     assert isinstance(_parse(stats=np.array([True])), StatsRequest)
     assert _parse(input_ids=np.array([3, 4, 5], dtype=np.int32)).prompt_ids == [3, 4, 5]
+
+
+def test_stop_true_is_a_stop_request_whatever_else_the_request_holds():
+    assert isinstance(_parse(stop=np.array([True])), StopRequest)  # nothing else needed: no prompt
+    assert isinstance(_parse(stop=np.array([True]), text_input="x", stats=np.array([True])), StopRequest)
+    assert isinstance(_parse(stop=np.array([False]), text_input="x"), GenerateRequest)  # false: an ordinary request
+    with pytest.raises(ConfigError, match=r"stop must hold exactly one value \(got shape \[2\]\)"):
+        _parse(stop=np.array([True, True]))
+    with pytest.raises(ConfigError, match="stop = 2: must be true or false"):
+        _parse(stop=np.array([2], dtype=np.int32))
 
 
 @pytest.mark.parametrize(("tensors", "message"), [
