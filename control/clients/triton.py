@@ -2,8 +2,8 @@
 
 - ``stream_generate(client, prompt, params)``: one request over a gRPC bidirectional stream
   (``tritonclient.grpc.aio``), timing every response (TTFT, inter-token gaps); many run concurrently
-  on one event loop, each on its own stream. Cancelling the awaiting task cancels the request on
-  the server, which frees its KV at once.
+  on one event loop, each on its own stream. Cancelling the awaiting task stops the request on the
+  server (a ``stop`` request with its id), which frees its KV at the next step.
 - ``http_generate(url, prompt, params, stream=...)``: Triton's ``/v2/models/<m>/generate`` and
   ``generate_stream`` endpoints (httpx).
 - ``model_stats(url)``: the model instance's counters (a request with ``stats`` true).
@@ -25,6 +25,8 @@ import numpy as np
 from control.errors import SpecctlError
 
 MODEL = "llm"
+ON_CANCEL = ("stop", "cancel")  # how stream_generate ends a request whose task is cancelled
+STOP_GRACE_S = 2.0  # how long a stopped request's stream has to end before it is cancelled
 
 
 class RequestError(SpecctlError):
@@ -189,44 +191,88 @@ def _absorb(res: Result, r, t: float) -> bool:
 
 
 async def stream_generate(client, prompt: str | list[int], params: GenParams, *, model: str = MODEL,
-                          request_id: str = "", on_chunk=None, timeout_s: float | None = None) -> Result:
+                          request_id: str = "", on_chunk=None, timeout_s: float | None = None,
+                          on_cancel: str = "stop") -> Result:
     """One streaming request on its own gRPC stream; see the module docstring.
 
     ``client`` is a ``tritonclient.grpc.aio.InferenceServerClient``. A server-side error is recorded
-    in ``Result.error``; a cancelled task cancels the request on the server and re-raises.
+    in ``Result.error``. A cancelled task ends the request on the server and re-raises: ``on_cancel``
+    "stop" sends a stop request with the request's id on its stream and reads the stream to its end
+    (for at most ``STOP_GRACE_S``, then cancels it); "cancel" cancels the gRPC stream, which Triton
+    2.51's gRPC frontend can crash on (docs/decisions.md, 2026-11-28).
     """
     import asyncio
+    import uuid
 
+    if on_cancel not in ON_CANCEL:
+        raise ValueError(f"on_cancel = {on_cancel!r}: must be one of {', '.join(ON_CANCEL)}")
+    rid = request_id or (uuid.uuid4().hex if on_cancel == "stop" else "")
     inputs = grpc_inputs(prompt, params, stream=True)
+    ended = asyncio.Event()  # nothing more to send on the stream
+    stop: list[dict] = []
 
-    async def one():
-        yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+    async def requests():
+        yield {"model_name": model, "inputs": inputs, "request_id": rid}
+        await ended.wait()
+        for r in stop:
+            yield r
 
     res = Result()
     t0 = time.perf_counter()
-    it = client.stream_infer(one(), stream_timeout=timeout_s)
+    it = client.stream_infer(requests(), stream_timeout=timeout_s)
+    # A task of its own reads the stream: grpc.aio cancels the call when the task awaiting one of
+    # its messages is cancelled, and a stopped request's stream is still read to its end.
+    reader = asyncio.ensure_future(_read_stream(it, res, t0, on_chunk))
+    try:
+        await asyncio.shield(reader)
+    except asyncio.CancelledError:
+        res.cancelled = True
+        if on_cancel == "cancel":
+            it.cancel()
+        elif not reader.done():
+            stop.append({"model_name": model, "inputs": stop_inputs(), "request_id": rid})
+            ended.set()
+            await _finish_stopped(reader, it)
+        raise
+    finally:
+        ended.set()
+    res.latency_s = time.perf_counter() - t0
+    return res
+
+
+async def _read_stream(it, res: Result, t0: float, on_chunk) -> None:
+    """Read a request's responses into ``res`` until its final one (``stream_generate``)."""
     final = False
     try:
         async for r, err in it:
             t = time.perf_counter() - t0
             if err is not None:
                 res.error = str(err.message() if hasattr(err, "message") else err)
-                break
+                return
             final = _absorb(res, r, t)
-            if on_chunk is not None:
+            if on_chunk is not None and not res.cancelled:
                 on_chunk(res)
             if final:
-                break
-        if not final and res.error is None:  # the server went away mid-request: not a success
+                return
+        if res.error is None and not res.cancelled:  # the server went away mid-request: not a success
             res.error = f"the stream ended after {len(res.token_ids)} tokens without the final response"
-    except asyncio.CancelledError:
-        it.cancel()
-        res.cancelled = True
-        raise
     except Exception as e:  # the connection failed
         res.error = f"{type(e).__name__}: {e}"
-    res.latency_s = time.perf_counter() - t0
-    return res
+
+
+async def _finish_stopped(reader, it) -> None:
+    """A stopped request's stream, read to its end within ``STOP_GRACE_S``; else (or if this task is
+    cancelled again meanwhile) cancelled."""
+    import asyncio
+
+    ended = False
+    try:
+        _, pending = await asyncio.wait({reader}, timeout=STOP_GRACE_S)
+        ended = not pending
+    finally:
+        if not ended:
+            it.cancel()
+            reader.cancel()
 
 
 def grpc_generate(address: str, prompt: str | list[int], params: GenParams, *, model: str = MODEL,

@@ -70,7 +70,7 @@ def test_cancel_mid_stream_frees_the_kv_slot(deployment):
                 got.set()
 
         task = asyncio.create_task(stream_generate(client, PROMPTS[0], GenParams(max_tokens=900, num_draft_tokens=0),
-                                                   on_chunk=on_chunk))
+                                                   on_chunk=on_chunk, on_cancel="cancel"))  # Triton's own path
         await asyncio.wait_for(got.wait(), 30)
         during = model_stats(deployment.http_url)
         task.cancel()

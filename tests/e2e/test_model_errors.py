@@ -124,6 +124,9 @@ def test_refused_grpc_requests_count_as_rejected(deployment):
 
 
 def test_a_stream_cancelled_mid_generation_is_counted_as_cancelled_with_its_tokens(deployment):
+    """The client's task is cancelled; ``stream_generate`` stops the request by its id (its default),
+    which the model counts as cancelled, and in its stats as stopped."""
+    stopped0 = model_stats(deployment.http_url)["stopped"]
     text0 = _metrics(deployment)
     cancelled0 = _counter(text0, "specctl_requests_total", outcome="cancelled")
     completed0 = _counter(text0, "specctl_requests_total", outcome="completed")
@@ -152,4 +155,5 @@ def test_a_stream_cancelled_mid_generation_is_counted_as_cancelled_with_its_toke
     assert _counter(text, "specctl_requests_total", outcome="completed") == completed0
     generated = _counter(text, "specctl_generated_tokens_total") - tokens0
     assert received <= generated < 900  # what it got, and what was generated before the cancel took hold
+    assert model_stats(deployment.http_url)["stopped"] == stopped0 + 1
 

@@ -108,7 +108,8 @@ def test_cancel_mid_stream_aborts_the_request_in_the_executor(llmapi):
             if len(res.chunk_times) >= 3:
                 got.set()
 
-        task = asyncio.create_task(stream_generate(client, prompt_text(1), GenParams(max_tokens=400), on_chunk=on_chunk))
+        task = asyncio.create_task(stream_generate(client, prompt_text(1), GenParams(max_tokens=400), on_chunk=on_chunk,
+                                                   on_cancel="cancel"))  # Triton's own cancellation path
         await asyncio.wait_for(got.wait(), 30)
         during = model_stats(llmapi.http_url)
         task.cancel()
