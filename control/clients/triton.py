@@ -190,6 +190,66 @@ def _absorb(res: Result, r, t: float) -> bool:
     return final
 
 
+class StoppableStream:
+    """One request on a gRPC stream of its own, read by a task of its own into ``queue``, that can be
+    stopped by its request id instead of cancelled.
+
+    The reading is not the caller's: grpc.aio cancels the whole call when the task awaiting one of its
+    messages is cancelled, and callers are cancelled (a timeout, an HTTP client gone). ``queue``
+    receives ``(result, error)`` per response, then ``END`` when the stream ends, or the exception
+    that broke it. ``stop()`` sends a stop request with the request's id on the stream (Triton 2.51's
+    gRPC frontend can crash on a stream cancelled while responses are in flight: docs/decisions.md,
+    2026-11-28); ``close()`` says nothing more will be sent; ``cancel()`` cancels the call."""
+
+    END = object()
+
+    def __init__(self, client, model: str, inputs: list, request_id: str, timeout_s: float | None = None) -> None:
+        import asyncio
+
+        self.model, self.request_id = model, request_id
+        self._ended = asyncio.Event()  # nothing more to send
+        self._stop: list[dict] = []
+        self.it = client.stream_infer(self._requests(inputs), stream_timeout=timeout_s)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _requests(self, inputs: list):
+        yield {"model_name": self.model, "inputs": inputs, "request_id": self.request_id}
+        await self._ended.wait()
+        for r in self._stop:
+            yield r
+
+    async def _read(self) -> None:
+        try:
+            async for item in self.it:
+                self.queue.put_nowait(item)
+            self.queue.put_nowait(self.END)
+        except Exception as e:  # the channel failed
+            self.queue.put_nowait(e)
+
+    def close(self) -> None:
+        self._ended.set()
+
+    def cancel(self) -> None:
+        self._ended.set()
+        self.it.cancel()
+
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the request; the stream then ends with its final response and the stop's. One that has
+        not ended within ``grace_s`` (or whose waiting is cancelled) is cancelled."""
+        import asyncio
+
+        self._stop.append({"model_name": self.model, "inputs": stop_inputs(), "request_id": self.request_id})
+        self._ended.set()
+        ended = False
+        try:
+            _, pending = await asyncio.wait({self.reader}, timeout=grace_s)
+            ended = not pending
+        finally:
+            if not ended:
+                self.it.cancel()
+
+
 async def stream_generate(client, prompt: str | list[int], params: GenParams, *, model: str = MODEL,
                           request_id: str = "", on_chunk=None, timeout_s: float | None = None,
                           on_cancel: str = "stop") -> Result:
@@ -197,82 +257,52 @@ async def stream_generate(client, prompt: str | list[int], params: GenParams, *,
 
     ``client`` is a ``tritonclient.grpc.aio.InferenceServerClient``. A server-side error is recorded
     in ``Result.error``. A cancelled task ends the request on the server and re-raises: ``on_cancel``
-    "stop" sends a stop request with the request's id on its stream and reads the stream to its end
-    (for at most ``STOP_GRACE_S``, then cancels it); "cancel" cancels the gRPC stream, which Triton
-    2.51's gRPC frontend can crash on (docs/decisions.md, 2026-11-28).
+    "stop" stops it by its id (``StoppableStream.stop``); "cancel" cancels the gRPC stream, Triton's
+    own cancellation path.
     """
     import asyncio
     import uuid
 
     if on_cancel not in ON_CANCEL:
         raise ValueError(f"on_cancel = {on_cancel!r}: must be one of {', '.join(ON_CANCEL)}")
-    rid = request_id or (uuid.uuid4().hex if on_cancel == "stop" else "")
-    inputs = grpc_inputs(prompt, params, stream=True)
-    ended = asyncio.Event()  # nothing more to send on the stream
-    stop: list[dict] = []
-
-    async def requests():
-        yield {"model_name": model, "inputs": inputs, "request_id": rid}
-        await ended.wait()
-        for r in stop:
-            yield r
-
     res = Result()
     t0 = time.perf_counter()
-    it = client.stream_infer(requests(), stream_timeout=timeout_s)
-    # A task of its own reads the stream: grpc.aio cancels the call when the task awaiting one of
-    # its messages is cancelled, and a stopped request's stream is still read to its end.
-    reader = asyncio.ensure_future(_read_stream(it, res, t0, on_chunk))
+    stream = StoppableStream(client, model, grpc_inputs(prompt, params, stream=True),
+                             request_id or (uuid.uuid4().hex if on_cancel == "stop" else ""), timeout_s)
     try:
-        await asyncio.shield(reader)
+        await _read_result(stream, res, t0, on_chunk)
     except asyncio.CancelledError:
         res.cancelled = True
         if on_cancel == "cancel":
-            it.cancel()
-        elif not reader.done():
-            stop.append({"model_name": model, "inputs": stop_inputs(), "request_id": rid})
-            ended.set()
-            await _finish_stopped(reader, it)
+            stream.cancel()
+        else:
+            await stream.stop()
         raise
     finally:
-        ended.set()
+        stream.close()
     res.latency_s = time.perf_counter() - t0
     return res
 
 
-async def _read_stream(it, res: Result, t0: float, on_chunk) -> None:
-    """Read a request's responses into ``res`` until its final one (``stream_generate``)."""
-    final = False
-    try:
-        async for r, err in it:
-            t = time.perf_counter() - t0
-            if err is not None:
-                res.error = str(err.message() if hasattr(err, "message") else err)
-                return
-            final = _absorb(res, r, t)
-            if on_chunk is not None and not res.cancelled:
-                on_chunk(res)
-            if final:
-                return
-        if res.error is None and not res.cancelled:  # the server went away mid-request: not a success
+async def _read_result(stream: StoppableStream, res: Result, t0: float, on_chunk) -> None:
+    """Responses into ``res`` until the final one (``stream_generate``)."""
+    while True:
+        got = await stream.queue.get()
+        if got is StoppableStream.END:  # the server went away mid-request: not a success
             res.error = f"the stream ended after {len(res.token_ids)} tokens without the final response"
-    except Exception as e:  # the connection failed
-        res.error = f"{type(e).__name__}: {e}"
-
-
-async def _finish_stopped(reader, it) -> None:
-    """A stopped request's stream, read to its end within ``STOP_GRACE_S``; else (or if this task is
-    cancelled again meanwhile) cancelled."""
-    import asyncio
-
-    ended = False
-    try:
-        _, pending = await asyncio.wait({reader}, timeout=STOP_GRACE_S)
-        ended = not pending
-    finally:
-        if not ended:
-            it.cancel()
-            reader.cancel()
+            return
+        if isinstance(got, Exception):  # the connection failed
+            res.error = f"{type(got).__name__}: {got}"
+            return
+        r, err = got
+        if err is not None:
+            res.error = str(err.message() if hasattr(err, "message") else err)
+            return
+        final = _absorb(res, r, time.perf_counter() - t0)
+        if on_chunk is not None:
+            on_chunk(res)
+        if final:
+            return
 
 
 def grpc_generate(address: str, prompt: str | list[int], params: GenParams, *, model: str = MODEL,

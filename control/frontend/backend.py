@@ -4,10 +4,9 @@ The request uses the ``llm`` model's contract (``text_input`` or ``input_ids``, 
 ``stream``, ``temperature``, ``top_p``, ``random_seed``, ``stop_words``); each response is yielded as
 a ``Piece`` with its text and token ids and the request's running drafted / accepted totals.
 Closing the iterator early (the HTTP client went away) stops the request on the server: a ``stop``
-request with the same request id goes on the same stream (``control/triton/stops.py``), and a task
-reads the stream to its end (``_Stream``). The gRPC stream is not cancelled, because Triton 2.51's gRPC
-frontend can crash on a stream cancelled while responses are in flight (docs/decisions.md,
-2026-11-28); only a stream that does not end within ``STOP_GRACE_S`` is cancelled.
+request with the same request id goes on the same stream (``control/triton/stops.py``,
+``control.clients.triton.StoppableStream``), not a cancelled gRPC stream, which Triton 2.51's gRPC
+frontend can crash on (docs/decisions.md, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -17,13 +16,12 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from control.clients.triton import GenParams, grpc_inputs, stop_inputs
+from control.clients.triton import STOP_GRACE_S, GenParams, StoppableStream, grpc_inputs
 from control.frontend.protocol import OpenAIError
 from control.triton.forward_model import model_message
 from control.triton.llm_request import STOPPING
 
 UNAVAILABLE_MARKERS = ("StatusCode.UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
-STOP_GRACE_S = 2.0  # how long a stopped request's stream has to end before it is cancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,35 +73,6 @@ def _channel_text(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-class _Stream:
-    """One request's gRPC stream, read by a task of its own into a queue.
-
-    The reading is not the caller's: grpc.aio cancels the whole call when a task awaiting one of its
-    messages is cancelled, and the caller's task is cancelled whenever the HTTP client goes away."""
-
-    END = object()  # queued once the stream has ended
-
-    def __init__(self, it, tasks: set[asyncio.Task]) -> None:
-        self.it = it
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.reader = _keep(asyncio.get_running_loop().create_task(self._read()), tasks)
-
-    async def _read(self) -> None:
-        try:
-            async for r, err in self.it:
-                self.queue.put_nowait((r, err))
-            self.queue.put_nowait(self.END)
-        except Exception as e:  # the channel failed
-            self.queue.put_nowait(e)
-
-    async def finish(self) -> None:
-        """After a stop request: the stream ends once the stopped request's final response and the
-        stop's are in; one that has not within ``STOP_GRACE_S`` is cancelled."""
-        _, pending = await asyncio.wait({self.reader}, timeout=STOP_GRACE_S)
-        if pending:
-            self.it.cancel()
-
-
 def _keep(task: asyncio.Task, tasks: set[asyncio.Task]) -> asyncio.Task:
     """Hold a reference to ``task`` until it is done (the event loop keeps only weak ones)."""
     tasks.add(task)
@@ -123,23 +92,13 @@ class TritonBackend:
         self._tasks: set[asyncio.Task] = set()  # the streams' readers, and stopped requests' endings
 
     async def generate(self, prompt: str | list[int], params: GenParams) -> AsyncIterator[Piece]:
-        rid = uuid.uuid4().hex
-        inputs = grpc_inputs(prompt, params, stream=True)
-        ended = asyncio.Event()  # set once the request needs nothing more sent on its stream
-        stop: list[dict] = []  # the stop request, once the client has gone
-
-        async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "request_id": rid}
-            await ended.wait()
-            for r in stop:
-                yield r
-
-        stream = _Stream(self.client.stream_infer(requests()), self._tasks)
+        stream = StoppableStream(self.client, self.model, grpc_inputs(prompt, params, stream=True), uuid.uuid4().hex)
+        _keep(stream.reader, self._tasks)
         done = broken = False
         try:
             while True:
                 got = await stream.queue.get()
-                if got is _Stream.END:  # (without a final response: nothing more will come)
+                if got is StoppableStream.END:  # (without a final response: nothing more will come)
                     broken = True
                     return
                 if isinstance(got, Exception):
@@ -155,11 +114,10 @@ class TritonBackend:
                 if done:
                     return
         finally:
-            if not (done or broken):
-                stop.append({"model_name": self.model, "inputs": stop_inputs(), "request_id": rid})
-            ended.set()
-            if not (done or broken):
-                _keep(asyncio.get_running_loop().create_task(stream.finish()), self._tasks)
+            if done or broken:
+                stream.close()
+            else:  # a task of its own: the caller's task is usually being cancelled
+                _keep(asyncio.get_running_loop().create_task(stream.stop()), self._tasks)
 
     async def ready(self) -> bool:
         try:
