@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from control.frontend import openai_routes, proxy
 from control.frontend.chat import ChatTemplate
 from control.frontend.limits import BodyLimits, LimitsMiddleware
-from control.frontend.protocol import OpenAIError, now
+from control.frontend.protocol import UNAVAILABLE, OpenAIError, now, retry_after
 from control.frontend.text import TokenCounter
 from control.policyspec import DEFAULT_MAX_K
 
@@ -57,7 +57,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, e: OpenAIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
@@ -73,7 +73,8 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
     @app.get("/health")
     async def health(request: Request):
         ok = await request.app.state.backend.ready()
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+        status = 200 if ok else UNAVAILABLE
+        return JSONResponse({"ready": ok}, status_code=status, headers=retry_after(status))
 
     openai_routes.register(app, served)
     proxy.register(app)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from control.clients.triton import STOP_GRACE_S, GenParams, StoppableStream, grpc_inputs
-from control.frontend.protocol import OpenAIError
+from control.frontend.protocol import UNAVAILABLE, OpenAIError
 from control.triton.forward_model import model_message
 from control.triton.llm_request import STOPPING
 
@@ -55,9 +55,9 @@ def _piece(r) -> Piece:
 def _error(message: str) -> OpenAIError:
     m = " ".join(model_message(str(message)).split())
     if any(s in m for s in UNAVAILABLE_MARKERS):
-        return OpenAIError(503, f"the model server is not reachable ({m[:200]}); retry the request")
+        return OpenAIError(UNAVAILABLE, f"the model server is not reachable ({m[:200]}); retry the request")
     if STOPPING in m:  # drained at shutdown: the request was fine, the server is going away
-        return OpenAIError(503, m[:500])
+        return OpenAIError(UNAVAILABLE, m[:500])
     return OpenAIError(400, m[:500])
 
 

@@ -40,6 +40,11 @@ TAG_WORDS = {"str": "a string", "list[str]": "a list of strings", "list[constrai
              "list[TextPart]": "a list of text parts", "int": "an integer", "float": "a number", "bool": "true or false",
              "none": "null"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+UNAVAILABLE = 503
+# seconds a 503 (model server restarting or draining) asks a client to wait before it retries: the
+# supervisor restarts a dead tritonserver in about 13 s on the CPU pair, so the openai client's two
+# default retries at this spacing span a restart, where its own 0.5-8 s backoff gives up first
+RETRY_AFTER_S = 10
 
 
 class OpenAIError(Exception):
@@ -51,11 +56,20 @@ class OpenAIError(Exception):
         self.message = message
         self.param = param
 
+    def headers(self) -> dict[str, str] | None:
+        """``Retry-After`` on a 503: the server is restarting or draining, not refusing the request."""
+        return retry_after(self.status)
+
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         if self.status == 404:
             kind = "not_found_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+def retry_after(status: int) -> dict[str, str] | None:
+    """The headers a response with ``status`` carries for a client's retry (None: none)."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if status == UNAVAILABLE else None
 
 
 class StreamOptions(BaseModel):

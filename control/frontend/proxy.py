@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from control.errors import ConfigError
-from control.frontend.protocol import OpenAIError
+from control.frontend.protocol import UNAVAILABLE, OpenAIError, retry_after
 from control.triton.forward_model import model_message
 from control.triton.llm_request import STOPPING, check_generate_body
 
@@ -67,8 +67,8 @@ async def _model_error(r: httpx.Response) -> JSONResponse:
     if isinstance(doc, dict) and isinstance(doc.get("error"), str):
         doc["error"] = model_message(doc["error"])
         if STOPPING in doc["error"]:  # drained at shutdown: not the client's fault, retry elsewhere or later
-            status = 503
-    return JSONResponse(doc, status_code=status)
+            status = UNAVAILABLE
+    return JSONResponse(doc, status_code=status, headers=retry_after(status))
 
 
 def register(app: FastAPI) -> None:
@@ -89,7 +89,7 @@ def register(app: FastAPI) -> None:
         try:
             r = await client.send(upstream, stream=True)
         except httpx.HTTPError as e:
-            raise OpenAIError(503, f"Triton's HTTP endpoint is not reachable ({type(e).__name__}: {e})") from None
+            raise OpenAIError(UNAVAILABLE, f"Triton's HTTP endpoint is not reachable ({type(e).__name__}: {e})") from None
         out = {k: v for k, v in r.headers.items() if k.lower() not in HOP_HEADERS}
         if r.status_code >= 400 and GENERATE_PATH.fullmatch(path) and "json" in r.headers.get("content-type", ""):
             return await _model_error(r)

@@ -235,12 +235,14 @@ def test_work_is_cancelled_when_the_client_goes_and_kept_when_it_stays():
 
 def test_a_request_ended_by_a_drain_is_a_503_on_both_apis():
     """A stopping server's message (the llm model's drain) is no fault of the request: OpenAI routes and
-    the KServe proxy answer 503, so a client or load balancer retries elsewhere; a refusal stays 400."""
+    the KServe proxy answer 503 with ``Retry-After``, so a client or load balancer retries elsewhere or
+later; a refusal stays 400."""
     import asyncio
 
     import httpx
 
     from control.frontend.backend import _error
+    from control.frontend.protocol import RETRY_AFTER_S
     from control.frontend.proxy import _model_error
     from control.triton.llm_request import STOPPING
 
@@ -252,4 +254,7 @@ def test_a_request_ended_by_a_drain_is_a_503_on_both_apis():
         r = httpx.Response(400, json={"error": text})
         out = asyncio.run(_model_error(r))
         assert out.status_code == status, text
+        assert out.headers.get("retry-after") == (str(RETRY_AFTER_S) if status == 503 else None), text
+    assert _error(ended).headers() == {"Retry-After": str(RETRY_AFTER_S)}
+    assert _error("max_tokens = 0: must be >= 1").headers() is None
     assert b"Failed to process" not in asyncio.run(_model_error(httpx.Response(400, json={"error": wrapped}))).body

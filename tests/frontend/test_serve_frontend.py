@@ -1,8 +1,11 @@
 """``specctl serve`` as a user runs it: the printed HTTP endpoint is the front end, the crash requests
-of issue 19 get a 4xx there, and the server keeps serving OpenAI and KServe requests."""
+of issue 19 get a 4xx there, the server keeps serving OpenAI and KServe requests, and while it
+restarts a killed tritonserver the front end answers 503 with ``Retry-After``, which the openai client
+waits out and retries through."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +16,8 @@ import httpx
 import openai
 import pytest
 
+from control.frontend.protocol import RETRY_AFTER_S
+from control.triton.supervisor import descendants, stub_pids
 from tests.triton.listening import listening_on
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +44,29 @@ def _endpoints(p) -> dict[str, str]:
     return {ln.split()[0]: ln.split()[-1] for ln in lines if ln.startswith("  ")}
 
 
+def _retried_through_a_restart(p, urls: dict[str, str], prompt: str, answer: str) -> None:
+    """Kill tritonserver; a request while it is down gets 503 with ``Retry-After``; the openai client
+    with retries waits it out and gets the same greedy answer from the restarted server."""
+    triton = [pid for pid in descendants(p.pid) if stub_pids(pid)]
+    assert len(triton) == 1, triton
+    os.kill(triton[0], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while True:  # the front end sees the server gone once its channel does
+        down = httpx.post(f"{urls['openai']}/completions", json={"model": "llm", "prompt": prompt, "max_tokens": 8},
+                          timeout=30)
+        if down.status_code != 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert down.status_code == 503 and down.headers["retry-after"] == str(RETRY_AFTER_S), (down.status_code, down.text)
+    assert "retry the request" in down.json()["error"]["message"]
+    t0 = time.monotonic()
+    client = openai.OpenAI(base_url=urls["openai"], api_key="unused", timeout=60, max_retries=3)
+    again = client.completions.create(model="llm", prompt=prompt, max_tokens=8, temperature=0)
+    assert again.choices[0].text == answer
+    assert time.monotonic() - t0 >= RETRY_AFTER_S - 1  # it waited as told, not the client's own backoff
+    assert p.poll() is None
+
+
 def test_serve_fronts_triton_and_survives_the_crash_requests(quick_engines, deployment, tmp_path):
     p = _serve(quick_engines, tmp_path / "run", deployment.profile_path)
     try:
@@ -60,6 +88,7 @@ def test_serve_fronts_triton_and_survives_the_crash_requests(quick_engines, depl
                             timeout=30).json()
         assert kserve["text_output"] == r.choices[0].text
         assert p.poll() is None
+        _retried_through_a_restart(p, urls, "import os\n", r.choices[0].text)
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 0
