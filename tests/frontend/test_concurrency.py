@@ -105,3 +105,17 @@ def test_client_leaving_before_a_whole_answer_frees_the_request(frontend, deploy
     r = httpx.post(f"{frontend.url}/v1/{route}", json=body | {"max_tokens": 4}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert _settled(deployment)["completed"] - before["completed"] == 1
+
+
+def test_kserve_stream_client_leaving_through_the_front_end_frees_the_request(frontend, deployment):
+    """The KServe proxy passes a departed client on: Triton's HTTP frontend cancels the request when
+    the proxy closes its upstream stream, and the model ends it (not a stop: HTTP carries no id)."""
+    body = {"text_input": "def main():\n", "max_tokens": 900, "stream": True}
+    before = model_stats(deployment.http_url)
+    for _ in range(3):
+        with httpx.stream("POST", f"{frontend.url}/v2/models/llm/generate_stream", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            assert next(line for line in r.iter_lines() if line.startswith("data:"))
+    s = _settled(deployment)
+    assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (3, 0), s
+    assert s["generated"] - before["generated"] < 3 * 900 // 2, s  # ended early, not run out unread
