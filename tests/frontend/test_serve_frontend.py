@@ -59,6 +59,8 @@ def _retried_through_a_restart(p, urls: dict[str, str], prompt: str, answer: str
         time.sleep(0.1)
     assert down.status_code == 503 and down.headers["retry-after"] == str(RETRY_AFTER_S), (down.status_code, down.text)
     assert "retry the request" in down.json()["error"]["message"]
+    health = httpx.get(f"{urls['http']}/health", timeout=30)
+    assert (health.status_code, health.headers.get("retry-after")) == (503, str(RETRY_AFTER_S)), health.text
     t0 = time.monotonic()
     client = openai.OpenAI(base_url=urls["openai"], api_key="unused", timeout=60, max_retries=3)
     again = client.completions.create(model="llm", prompt=prompt, max_tokens=8, temperature=0)
