@@ -190,14 +190,22 @@ def _absorb(res: Result, r, t: float) -> bool:
     return final
 
 
+class StreamBroken(Exception):
+    """A stream that ended without its request's final response: ``cause`` is the exception that
+    broke the channel, or None where the server ended the stream."""
+
+    def __init__(self, cause: Exception | None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
 class StoppableStream:
     """One request on a gRPC stream of its own, read by a task of its own into ``queue``, that can be
     stopped by its request id instead of cancelled.
 
     The reading is not the caller's: grpc.aio cancels the whole call when the task awaiting one of its
-    messages is cancelled, and callers are cancelled (a timeout, an HTTP client gone). ``queue``
-    receives ``(result, error)`` per response, then ``END`` when the stream ends, or the exception
-    that broke it. ``stop()`` sends a stop request with the request's id on the stream (Triton 2.51's
+    messages is cancelled, and callers are cancelled (a timeout, an HTTP client gone). ``next()``
+    gives the responses in turn. ``stop()`` sends a stop request with the request's id on the stream (Triton 2.51's
     gRPC frontend can crash on a stream cancelled while responses are in flight: docs/decisions.md,
     2026-11-28); ``close()`` says nothing more will be sent; ``cancel()`` cancels the call."""
 
@@ -226,6 +234,16 @@ class StoppableStream:
             self.queue.put_nowait(self.END)
         except Exception as e:  # the channel failed
             self.queue.put_nowait(e)
+
+    async def next(self) -> tuple:
+        """The next ``(result, error)`` the server sent (``error``: its error response, the request's
+        last); raises ``StreamBroken`` once the stream has nothing more."""
+        got = await self.queue.get()
+        if got is self.END:
+            raise StreamBroken(None)
+        if isinstance(got, Exception):
+            raise StreamBroken(got)
+        return got
 
     def close(self) -> None:
         self._ended.set()
@@ -287,14 +305,12 @@ async def stream_generate(client, prompt: str | list[int], params: GenParams, *,
 async def _read_result(stream: StoppableStream, res: Result, t0: float, on_chunk) -> None:
     """Responses into ``res`` until the final one (``stream_generate``)."""
     while True:
-        got = await stream.queue.get()
-        if got is StoppableStream.END:  # the server went away mid-request: not a success
-            res.error = f"the stream ended after {len(res.token_ids)} tokens without the final response"
+        try:
+            r, err = await stream.next()
+        except StreamBroken as e:  # the connection failed, or the server went away mid-request
+            res.error = (f"{type(e.cause).__name__}: {e.cause}" if e.cause is not None else
+                         f"the stream ended after {len(res.token_ids)} tokens without the final response")
             return
-        if isinstance(got, Exception):  # the connection failed
-            res.error = f"{type(got).__name__}: {got}"
-            return
-        r, err = got
         if err is not None:
             res.error = str(err.message() if hasattr(err, "message") else err)
             return

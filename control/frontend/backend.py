@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from control.clients.triton import STOP_GRACE_S, GenParams, StoppableStream, grpc_inputs
+from control.clients.triton import STOP_GRACE_S, GenParams, StoppableStream, StreamBroken, grpc_inputs
 from control.frontend.protocol import UNAVAILABLE, OpenAIError
 from control.triton.forward_model import model_message
 from control.triton.llm_request import STOPPING
@@ -97,14 +97,13 @@ class TritonBackend:
         done = broken = False
         try:
             while True:
-                got = await stream.queue.get()
-                if got is StoppableStream.END:  # (without a final response: nothing more will come)
+                try:
+                    r, err = await stream.next()
+                except StreamBroken as e:  # nothing more will come
                     broken = True
-                    return
-                if isinstance(got, Exception):
-                    broken = True
-                    raise _error(_channel_text(got))
-                r, err = got
+                    if e.cause is None:
+                        return
+                    raise _error(_channel_text(e.cause)) from None
                 if err is not None:
                     done = True  # an error response is the request's last
                     raise _error(err.message() if hasattr(err, "message") else err)
