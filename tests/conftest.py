@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from control.profile import parse_profile
 
@@ -102,9 +103,18 @@ def quick_engines(tmp_path_factory) -> Path:
     from control.executors.manifest import load_manifest
 
     env = os.environ.get("SPECCTL_QUICK_ENGINES")
-    if env and (Path(env) / "manifest.json").is_file():
-        load_manifest(env)
-        return Path(env)
-    out = Path(env) if env else tmp_path_factory.mktemp("quick-engines") / "cpu"
-    build_cpu_pair(out, QUICK, seed=0)
+    out = Path(env) if env else _session_root(tmp_path_factory) / "quick-engines" / "cpu"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / ".build.lock")):  # pytest-xdist's workers build it once between them
+        if (out / "manifest.json").is_file():
+            load_manifest(out)
+            return out
+        build_cpu_pair(out, QUICK, seed=0)
     return out
+
+
+def _session_root(tmp_path_factory) -> Path:
+    """The temporary directory all of this run's pytest-xdist workers share (this session's own
+    without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
