@@ -198,6 +198,21 @@ class StreamBroken(Exception):
         super().__init__(cause)
         self.cause = cause
 
+    def channel_text(self) -> str:
+        """The failed channel's status and details (``StatusCode.UNAVAILABLE: Socket closed``), not
+        the ``<AioRpcError of RPC that terminated with: ...>`` repr with its debug string; "" where
+        the server ended the stream."""
+        e = self.cause
+        if e is None:
+            return ""
+        code, details = getattr(e, "code", None), getattr(e, "details", None)
+        if callable(code) and callable(details):
+            try:
+                return f"{code()}: {details()}"
+            except Exception:  # noqa: BLE001 - an error object that cannot say: its type and text
+                pass
+        return f"{type(e).__name__}: {e}"
+
 
 class StoppableStream:
     """One request on a gRPC stream of its own, read by a task of its own into ``queue``, that can be
@@ -268,6 +283,22 @@ class StoppableStream:
                 self.it.cancel()
 
 
+async def send_stop(client, request_id: str, *, model: str = MODEL, timeout_s: float = STOP_GRACE_S) -> bool:
+    """End the request known by ``request_id`` with a stop request on a stream of its own (for a
+    request this client cannot reach on its own stream); True once the model has answered it."""
+    import asyncio
+
+    stream = StoppableStream(client, model, stop_inputs(), request_id, timeout_s)
+    stream.close()
+    try:
+        _, err = await asyncio.wait_for(stream.next(), timeout_s)
+        return err is None
+    except (StreamBroken, asyncio.TimeoutError):
+        return False
+    finally:
+        stream.cancel()
+
+
 async def stream_generate(client, prompt: str | list[int], params: GenParams, *, model: str = MODEL,
                           request_id: str = "", on_chunk=None, timeout_s: float | None = None,
                           on_cancel: str = "stop") -> Result:
@@ -308,7 +339,7 @@ async def _read_result(stream: StoppableStream, res: Result, t0: float, on_chunk
         try:
             r, err = await stream.next()
         except StreamBroken as e:  # the connection failed, or the server went away mid-request
-            res.error = (f"{type(e.cause).__name__}: {e.cause}" if e.cause is not None else
+            res.error = (e.channel_text() if e.cause is not None else
                          f"the stream ended after {len(res.token_ids)} tokens without the final response")
             return
         if err is not None:

@@ -16,7 +16,14 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from control.clients.triton import STOP_GRACE_S, GenParams, StoppableStream, StreamBroken, grpc_inputs
+from control.clients.triton import (
+    STOP_GRACE_S,
+    GenParams,
+    StoppableStream,
+    StreamBroken,
+    grpc_inputs,
+    send_stop,
+)
 from control.frontend.protocol import UNAVAILABLE, OpenAIError
 from control.triton.forward_model import model_message
 from control.triton.llm_request import STOPPING
@@ -61,18 +68,6 @@ def _error(message: str) -> OpenAIError:
     return OpenAIError(400, m[:500])
 
 
-def _channel_text(e: Exception) -> str:
-    """A failed channel's status and details (``StatusCode.UNAVAILABLE: Socket closed``), not the
-    ``<AioRpcError of RPC that terminated with: ...>`` repr with its debug string."""
-    code, details = getattr(e, "code", None), getattr(e, "details", None)
-    if callable(code) and callable(details):
-        try:
-            return f"{code()}: {details()}"
-        except Exception:
-            pass
-    return f"{type(e).__name__}: {e}"
-
-
 def _keep(task: asyncio.Task, tasks: set[asyncio.Task]) -> asyncio.Task:
     """Hold a reference to ``task`` until it is done (the event loop keeps only weak ones)."""
     tasks.add(task)
@@ -103,7 +98,7 @@ class TritonBackend:
                     broken = True
                     if e.cause is None:
                         return
-                    raise _error(_channel_text(e.cause)) from None
+                    raise _error(e.channel_text()) from None
                 if err is not None:
                     done = True  # an error response is the request's last
                     raise _error(err.message() if hasattr(err, "message") else err)
@@ -117,6 +112,12 @@ class TritonBackend:
                 stream.close()
             else:  # a task of its own: the caller's task is usually being cancelled
                 _keep(asyncio.get_running_loop().create_task(stream.stop()), self._tasks)
+
+    def stop(self, request_id: str) -> None:
+        """Stop the request known by ``request_id`` (one this backend did not start: a KServe
+        generate forwarded over HTTP), in a task of its own."""
+        _keep(asyncio.get_running_loop().create_task(send_stop(self.client, request_id, model=self.model)),
+              self._tasks)
 
     async def ready(self) -> bool:
         try:

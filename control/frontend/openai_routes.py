@@ -11,12 +11,10 @@ sampling extensions that benchmark clients send are taken: ``ignore_eos``, ``top
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,6 +23,7 @@ from pydantic import ValidationError
 from control.clients.triton import GenParams
 from control.frontend.backend import Piece, TritonBackend
 from control.frontend.chat import ChatTemplate
+from control.frontend.connection import CLIENT_CLOSED, while_connected
 from control.frontend.protocol import (
     DEFAULT_MAX_TOKENS,
     ChatRequest,
@@ -40,8 +39,6 @@ from control.frontend.specmetrics import SpecTracker
 from control.frontend.text import StopTrimmer, TokenCounter
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampled unless the request asks for 0
-T = TypeVar("T")
-CLIENT_CLOSED = 499  # the status logged for a request whose client left before the answer (nginx's)
 
 
 @dataclass(frozen=True)
@@ -164,11 +161,11 @@ async def stream(job: Job, first: Piece | None, pieces: AsyncIterator[Piece], se
 async def run(job: Job, backend: TritonBackend, served: ServedModel, request: Request):
     pieces = backend.generate(job.prompt, job.params)
     if not job.req.stream:
-        connected, body = await _while_connected(request, answer(job, pieces, served))
+        connected, body = await while_connected(request, answer(job, pieces, served))
         return JSONResponse(body) if connected else Response(status_code=CLIENT_CLOSED)
     # the first piece before the response starts (an error is still a status code then); a client that
     # leaves while the request waits for its first token cancels it, as one that leaves mid-stream does
-    connected, first = await _while_connected(request, _first_piece(pieces))
+    connected, first = await while_connected(request, _first_piece(pieces))
     if not connected:
         return Response(status_code=CLIENT_CLOSED)
     return StreamingResponse(stream(job, first, pieces, served), media_type="text/event-stream",
@@ -180,34 +177,6 @@ async def _first_piece(pieces: AsyncIterator[Piece]) -> Piece | None:
         return await anext(pieces)
     except StopAsyncIteration:
         return None
-
-
-async def _while_connected(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
-    """(True, ``work``'s result), or (False, None) once the client has gone: the work is then cancelled,
-    which stops the request (``backend.py``), and the model frees its KV slot at its next step (a client
-    that times out and retries would otherwise leave the first generation running to max_tokens
-    beside the retry)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server is stopping
-        task.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if task.done():
-        return True, task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return False, None
-
-
-async def _disconnect(request: Request) -> None:
-    """Return when the client closes the connection (the body has been read: only that is left to receive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def register(app: FastAPI, served: ServedModel) -> None:

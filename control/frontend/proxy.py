@@ -4,6 +4,10 @@ Bodies reach this code only after ``limits`` has checked them. ``generate`` / ``
 bodies for the llm model and its aliases are checked against the request contract first
 (``check_generate_body``): Triton's JSON layer would answer a wrong type with a 500 that names no
 field, truncate integers to int32 and ignore a misspelt field; those get a 400 naming the field.
+A non-streamed ``generate`` for those models carries a stop id (``STOP_ID_PARAMETER``: Triton
+2.51's HTTP generate cannot carry a request id), and a client that leaves before its answer has the
+request stopped by that id over gRPC; a ``generate_stream`` whose reader leaves is cancelled by
+Triton's HTTP frontend itself.
 Responses stream through unchanged (``generate_stream`` is server-sent events), except a ``generate``
 error, which keeps only the model's own words (Triton wraps what a Python model raised in
 ``Failed to process the request(s) ...`` and its frames). Hop-by-hop headers are not forwarded.
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
+from dataclasses import dataclass
 
 import httpx
 from fastapi import FastAPI, Request
@@ -22,9 +28,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from control.errors import ConfigError
+from control.frontend.connection import CLIENT_CLOSED, while_connected
 from control.frontend.protocol import UNAVAILABLE, OpenAIError, retry_after
 from control.triton.forward_model import model_message
-from control.triton.llm_request import STOPPING, check_generate_body
+from control.triton.llm_request import STOP_ID_PARAMETER, STOPPING, check_generate_body
 
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host",
                          "content-length", "proxy-authorization", "proxy-authenticate"})
@@ -36,20 +43,31 @@ GENERATE_PATH = re.compile(r"models/([^/]+)(?:/versions/\d+)?/(generate|generate
 USER_POST = re.compile(r"models/[^/]+(?:/versions/\d+)?/(?:infer|generate|generate_stream)")
 
 
-def _generate_error(path: str, body: bytes) -> str | None:
-    """What is wrong with a generate body for the llm model (None: forward it)."""
+@dataclass(frozen=True)
+class Forward:
+    """What the proxy sends upstream for one POST: the body, and for a non-streamed ``generate`` of
+    the llm model the id it can be stopped by (``STOP_ID_PARAMETER``) if its client leaves."""
+
+    body: bytes
+    stop_id: str = ""
+
+
+def _forward(path: str, body: bytes) -> Forward:
+    """A generate body for the llm model checked (``ConfigError`` names what is wrong), and a
+    non-streamed one given a stop id; any other body as it came."""
     m = GENERATE_PATH.fullmatch(path)
     if m is None or m.group(1) not in LLM_MODELS:
-        return None
+        return Forward(body)
     try:
         doc = json.loads(body)
     except ValueError:
-        return None  # Triton names a body that is not JSON itself
-    try:
-        check_generate_body(doc, stream_endpoint=m.group(2) == "generate_stream")
-    except ConfigError as e:
-        return str(e)
-    return None
+        return Forward(body)  # Triton names a body that is not JSON itself
+    streamed = m.group(2) == "generate_stream"
+    check_generate_body(doc, stream_endpoint=streamed)
+    if streamed:  # Triton's HTTP frontend cancels a stream whose reader left
+        return Forward(body)
+    stop_id = f"kserve-{uuid.uuid4().hex}"
+    return Forward(json.dumps({**doc, STOP_ID_PARAMETER: stop_id}).encode(), stop_id)
 
 
 async def _model_error(r: httpx.Response) -> JSONResponse:
@@ -82,12 +100,21 @@ def register(app: FastAPI) -> None:
             return JSONResponse({"error": f"POST /v2/{path} is not served on this port: it is Triton's "
                                           "administration; inference (infer, generate, generate_stream) is"},
                                 status_code=403)
-        body = await request.body()
-        if request.method == "POST" and (error := _generate_error(path, body)) is not None:
-            return JSONResponse({"error": error}, status_code=400)
-        upstream = client.build_request(request.method, url, headers=headers, content=body)
+        fwd = Forward(await request.body())
+        if request.method == "POST":
+            try:
+                fwd = _forward(path, fwd.body)
+            except ConfigError as e:
+                return JSONResponse({"error": str(e)}, status_code=400)
+        upstream = client.build_request(request.method, url, headers=headers, content=fwd.body)
         try:
-            r = await client.send(upstream, stream=True)
+            if not fwd.stop_id:
+                r = await client.send(upstream, stream=True)
+            else:  # one answer at the end: a client that leaves before it stops the request
+                connected, r = await while_connected(request, client.send(upstream, stream=True))
+                if not connected:
+                    request.app.state.backend.stop(fwd.stop_id)
+                    return Response(status_code=CLIENT_CLOSED)
         except httpx.HTTPError as e:
             raise OpenAIError(UNAVAILABLE, f"Triton's HTTP endpoint is not reachable ({type(e).__name__}: {e})") from None
         out = {k: v for k, v in r.headers.items() if k.lower() not in HOP_HEADERS}

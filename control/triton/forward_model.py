@@ -32,7 +32,7 @@ import numpy as np
 
 from control.errors import ConfigError
 from control.triton.llm_metrics import LlmMetrics
-from control.triton.llm_request import check_parameters
+from control.triton.llm_request import check_parameters, request_key
 
 log = logging.getLogger("specctl.triton.forward")
 
@@ -77,7 +77,7 @@ class ForwardModel:
             wanted = [n for n in request.requested_output_names() if n in self.outputs] or self.outputs
             sender = request.get_response_sender()
             run = self._stream if self.decoupled else self._collect
-            tid = request.request_id() or ""
+            tid = request_key(request.request_id(), request.parameters())
             threading.Thread(target=self._guard, args=(run, rows, wanted, sender, tid), daemon=True,
                              name=f"{self.name}-forward").start()
         return None

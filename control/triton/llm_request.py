@@ -69,6 +69,9 @@ LIST_INPUTS = ("input_ids", "stop_words", "bad_words")  # the rest hold one valu
 # Request parameters Triton itself uses; any other parameter is a field the model does not know.
 TRITON_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output",
                      "headers")
+# The id a request without a Triton request id is known by for stop requests: the front end's KServe
+# proxy sets it on a non-streamed generate, whose HTTP body cannot carry a request id in Triton 2.51.
+STOP_ID_PARAMETER = "specctl_stop_id"
 
 SCALARS = {  # name -> (kind, lo, hi)
     "max_tokens": ("int", 1, None),
@@ -199,14 +202,25 @@ def _given(tensors: Mapping[str, np.ndarray | None], name: str) -> bool:
 
 
 def check_parameters(parameters: str | Mapping[str, Any] | None) -> None:
-    """Refuse request parameters that are not Triton's own: a field the model does not know."""
+    """Refuse request parameters that are not Triton's own (or the stop id): a field the model does not know."""
     if not parameters:
         return
     params = json.loads(parameters) if isinstance(parameters, str) else parameters
-    unknown = sorted(k for k in params if k not in TRITON_PARAMETERS and not k.startswith("triton_"))
+    unknown = sorted(k for k in params if k not in TRITON_PARAMETERS and k != STOP_ID_PARAMETER
+                     and not k.startswith("triton_"))
     if unknown:
         name = unknown[0][:60]
         raise ConfigError(f"unknown field '{name}': the llm model accepts {', '.join(INPUTS)}")
+
+
+def request_key(request_id: str, parameters: str | Mapping[str, Any] | None) -> str:
+    """The id stop requests name a request by: its Triton request id, else its ``STOP_ID_PARAMETER``
+    (a non-streamed HTTP generate from the front end), else "" (it cannot be stopped)."""
+    if request_id or not parameters:
+        return request_id or ""
+    params = json.loads(parameters) if isinstance(parameters, str) else parameters
+    key = params.get(STOP_ID_PARAMETER, "")
+    return key if isinstance(key, str) else ""
 
 
 def _neutral_inputs(tensors: Mapping[str, np.ndarray | None]) -> None:

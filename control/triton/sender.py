@@ -28,6 +28,7 @@ from control.triton.llm_request import (
     StopRequest,
     check_parameters,
     parse_request,
+    request_key,
 )
 from control.triton.stops import Stops
 from control.triton.tokenize_worker import INLINE_PROMPT_BYTES, TokenizeWorker
@@ -280,7 +281,7 @@ class ResponseSender:
             sender = None
             try:
                 parsed = self._parse(request)
-                tid = request.request_id() or ""
+                tid = request_key(request.request_id(), request.parameters())
                 sender = request.get_response_sender()
                 if isinstance(parsed, StatsRequest):
                     self._send(sender, {"text_output": np.array([json.dumps(self.stats())], dtype=object)}, final=True)

@@ -73,12 +73,12 @@ def test_client_leaving_mid_stream_frees_the_request(frontend, deployment):
     assert s["stopped"] - before["stopped"] == 3, s
 
 
-def _post_and_leave(frontend, deployment, route: str, body: dict) -> None:
+def _post_and_leave(frontend, deployment, path: str, body: dict) -> None:
     """POST ``body`` and close the connection, unread, once the model has the request: however slow the
     machine, the client leaves while the answer is being generated."""
     host, port = frontend.url.removeprefix("http://").rsplit(":", 1)
     data = json.dumps(body).encode()
-    head = (f"POST /v1/{route} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head = (f"POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n\r\n").encode()
     before = model_stats(deployment.http_url)["requests"]
     with socket.create_connection((host, int(port)), timeout=10) as conn:
@@ -95,7 +95,7 @@ def test_client_leaving_before_a_whole_answer_frees_the_request(frontend, deploy
     body |= {"prompt": "def main():\n"} if route == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
     before = model_stats(deployment.http_url)
     for _ in range(2):
-        _post_and_leave(frontend, deployment, route, body)  # long before 900 tokens
+        _post_and_leave(frontend, deployment, f"v1/{route}", body)  # long before 900 tokens
     s = _settled(deployment)
     assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (2, 0), s
     assert s["stopped"] - before["stopped"] == 2, s  # (by a stop request)
@@ -105,6 +105,23 @@ def test_client_leaving_before_a_whole_answer_frees_the_request(frontend, deploy
     r = httpx.post(f"{frontend.url}/v1/{route}", json=body | {"max_tokens": 4}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert _settled(deployment)["completed"] - before["completed"] == 1
+
+
+@pytest.mark.parametrize("model", ["llm", "ensemble"])
+def test_kserve_generate_client_leaving_before_its_answer_has_the_request_stopped(frontend, deployment, model):
+    """A non-streamed KServe generate carries no request id (Triton 2.51's HTTP), so the proxy gives
+    it a stop id and, when its client leaves, stops it by that id over gRPC; through the ensemble's
+    forwarding too (its rows reach llm under the same id)."""
+    body = {"text_input": "def main():\n", "max_tokens": 900}
+    before = model_stats(deployment.http_url)
+    for _ in range(2):
+        _post_and_leave(frontend, deployment, f"v2/models/{model}/generate", body)  # long before 900 tokens
+    s = _settled(deployment)
+    assert (s["cancelled"] - before["cancelled"], s["completed"] - before["completed"]) == (2, 0), s
+    assert s["stopped"] - before["stopped"] == 2, s
+    assert s["generated"] - before["generated"] < 2 * 900 // 2, s  # ended early, not run out unread
+    r = httpx.post(f"{frontend.url}/v2/models/{model}/generate", json=body | {"max_tokens": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["text_output"], r.text  # a client that stays gets its answer
 
 
 def test_kserve_stream_client_leaving_through_the_front_end_frees_the_request(frontend, deployment):

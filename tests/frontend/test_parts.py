@@ -166,17 +166,19 @@ def test_a_failed_grpc_channel_reads_as_its_status_and_details_not_the_repr():
     import grpc
     from grpc.aio import AioRpcError, Metadata
 
-    from control.frontend.backend import _channel_text, _error
+    from control.clients.triton import StreamBroken
+    from control.frontend.backend import _error
 
     e = AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), details="Stream removed (Socket closed)",
                     debug_error_string="UNAVAILABLE:Stream removed (Socket closed)")
-    text = _channel_text(e)
+    text = StreamBroken(e).channel_text()
     assert text == "StatusCode.UNAVAILABLE: Stream removed (Socket closed)"
     err = _error(text)
     assert err.status == 503
     assert "not reachable (StatusCode.UNAVAILABLE: Stream removed (Socket closed)); retry" in err.message
     assert "AioRpcError" not in err.message and "debug_error_string" not in err.message
-    assert _channel_text(ConnectionResetError("peer reset")) == "ConnectionResetError: peer reset"
+    assert StreamBroken(ConnectionResetError("peer reset")).channel_text() == "ConnectionResetError: peer reset"
+    assert StreamBroken(None).channel_text() == ""  # the server ended the stream: no channel fault
 
 
 def test_vllm_extensions_reach_the_model_inputs():
@@ -203,7 +205,7 @@ def test_vllm_extensions_reach_the_model_inputs():
 def test_work_is_cancelled_when_the_client_goes_and_kept_when_it_stays():
     import asyncio
 
-    from control.frontend.openai_routes import _while_connected
+    from control.frontend.connection import while_connected
 
     class Client:
         def __init__(self, leaves_after_s: float) -> None:
@@ -224,8 +226,8 @@ def test_work_is_cancelled_when_the_client_goes_and_kept_when_it_stays():
             raise
 
     async def both():
-        gone = await _while_connected(Client(0.01), work(5.0))
-        stays = await _while_connected(Client(5.0), work(0.01))
+        gone = await while_connected(Client(0.01), work(5.0))
+        stays = await while_connected(Client(5.0), work(0.01))
         return gone, stays
 
     gone, stays = asyncio.run(asyncio.wait_for(both(), 3))
@@ -258,3 +260,31 @@ later; a refusal stays 400."""
     assert _error(ended).headers() == {"Retry-After": str(RETRY_AFTER_S)}
     assert _error("max_tokens = 0: must be >= 1").headers() is None
     assert b"Failed to process" not in asyncio.run(_model_error(httpx.Response(400, json={"error": wrapped}))).body
+
+
+def test_only_a_non_streamed_generate_of_the_llm_models_gets_a_stop_id_and_the_model_reads_it():
+    from control.errors import ConfigError
+    from control.frontend.proxy import _forward
+    from control.triton.llm_request import (
+        STOP_ID_PARAMETER,
+        check_generate_body,
+        check_parameters,
+        request_key,
+    )
+
+    body = json.dumps({"text_input": "hi", "max_tokens": 4}).encode()
+    fwd = _forward("models/llm/versions/1/generate", body)
+    doc = json.loads(fwd.body)
+    assert fwd.stop_id.startswith("kserve-") and doc[STOP_ID_PARAMETER] == fwd.stop_id
+    assert {k: v for k, v in doc.items() if k != STOP_ID_PARAMETER} == json.loads(body)
+    check_generate_body(doc, stream_endpoint=False)  # the model accepts what the proxy sends
+    assert _forward("models/ensemble/generate", body).stop_id != fwd.stop_id  # one id per request
+    for path in ("models/llm/generate_stream", "models/other/generate", "models/llm/infer"):
+        assert _forward(path, body) == type(fwd)(body)  # as it came
+    with pytest.raises(ConfigError, match="max_tokens"):
+        _forward("models/llm/generate", json.dumps({"text_input": "hi", "max_tokens": "4"}).encode())
+    # the model knows the request by its Triton id first, then by the stop id
+    params = json.dumps({STOP_ID_PARAMETER: "kserve-1", "timeout": 5})
+    check_parameters(params)
+    assert request_key("", params) == "kserve-1" and request_key("grpc-7", params) == "grpc-7"
+    assert request_key("", None) == "" and request_key("", json.dumps({STOP_ID_PARAMETER: 5})) == ""
