@@ -66,6 +66,10 @@ def _forward(path: str, body: bytes) -> Forward:
     check_generate_body(doc, stream_endpoint=streamed)
     if streamed:  # Triton's HTTP frontend cancels a stream whose reader left
         return Forward(body)
+    # A stop or stats request starts no generation; and a stop given an id would end nothing quietly
+    # instead of being told that HTTP cannot name the request it means.
+    if doc.get("stop") is True or doc.get("stats") is True:
+        return Forward(body)
     stop_id = f"kserve-{uuid.uuid4().hex}"
     return Forward(json.dumps({**doc, STOP_ID_PARAMETER: stop_id}).encode(), stop_id)
 

@@ -122,6 +122,8 @@ def test_kserve_generate_client_leaving_before_its_answer_has_the_request_stoppe
     assert s["generated"] - before["generated"] < 2 * 900 // 2, s  # ended early, not run out unread
     r = httpx.post(f"{frontend.url}/v2/models/{model}/generate", json=body | {"max_tokens": 4}, timeout=60)
     assert r.status_code == 200 and r.json()["text_output"], r.text  # a client that stays gets its answer
+    r = httpx.post(f"{frontend.url}/v2/models/{model}/generate", json={"stop": True}, timeout=10)
+    assert r.status_code == 400 and "stop = true needs the id of the request to stop" in r.text, r.text
 
 
 def test_kserve_stream_client_leaving_through_the_front_end_frees_the_request(frontend, deployment):

@@ -281,6 +281,9 @@ def test_only_a_non_streamed_generate_of_the_llm_models_gets_a_stop_id_and_the_m
     assert _forward("models/ensemble/generate", body).stop_id != fwd.stop_id  # one id per request
     for path in ("models/llm/generate_stream", "models/other/generate", "models/llm/infer"):
         assert _forward(path, body) == type(fwd)(body)  # as it came
+    for control in ({"stop": True}, {"stats": True}):  # no generation to stop
+        raw = json.dumps(control).encode()
+        assert _forward("models/llm/generate", raw) == type(fwd)(raw)
     with pytest.raises(ConfigError, match="max_tokens"):
         _forward("models/llm/generate", json.dumps({"text_input": "hi", "max_tokens": "4"}).encode())
     # the model knows the request by its Triton id first, then by the stop id
