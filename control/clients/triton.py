@@ -339,7 +339,9 @@ async def _read_result(stream: StoppableStream, res: Result, t0: float, on_chunk
         try:
             r, err = await stream.next()
         except StreamBroken as e:  # the connection failed, or the server went away mid-request
-            res.error = (e.channel_text() if e.cause is not None else
+            # the whole text, gRPC's debug string included: ReplicaPool tells a replica that went
+            # away from a refusal by it (control/clients/replicas.py)
+            res.error = (f"{type(e.cause).__name__}: {e.cause}" if e.cause is not None else
                          f"the stream ended after {len(res.token_ids)} tokens without the final response")
             return
         if err is not None:

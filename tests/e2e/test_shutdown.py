@@ -112,7 +112,8 @@ def test_stopping_ends_the_requests_in_flight_with_a_message(quick_engines, tmp_
         stop_s = time.monotonic() - t0
         for c in clients:
             c.stop_stream()
-    assert len(errors) == STREAMS and all("the server is stopping" in e and "retry it" in e for e in errors), errors
+    other = [e for e in errors if not ("the server is stopping" in e and "retry it" in e)]
+    assert len(errors) == STREAMS and not other, (len(errors), other)  # (the errors that are not the drain's)
     log = (tmp_path / "run" / "tritonserver.log").read_text()
     assert f"drained: {STREAMS} requests in flight ended" in log, log[-3000:]
     # An open stream holds the model past its unload (Triton 2.51): the stop gives up on it after
