@@ -172,8 +172,10 @@ class Profile(BaseModel):
 
     def drafter_cost(self, entry: DrafterEntry) -> DrafterCost:
         # draft passes carry one token per request: a per-request term is a per-token one there
-        model = self.models[entry.model].to_cost().per_token_draft() if entry.model else None
-        return DrafterCost(entry.name, entry.kind, model, entry.cost_ms, entry.sink, entry.window)
+        raw = self.models[entry.model].to_cost() if entry.model else None
+        model = raw.per_token_draft() if raw is not None else None
+        return DrafterCost(entry.name, entry.kind, model, entry.cost_ms, entry.sink, entry.window,
+                           raw.d if raw is not None else 0.0)
 
     def step_cost(self, drafters: list[str] | None = None) -> StepCostModel:
         """The step cost model over the given drafters (default: all, in profile order). A roofline

@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 def make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0), ngram_ms=0.2, acceptance=None,
                  max_batch=256, resid=0.0, **limits):
     a, b, c = target
-    da, db, dc = draft
+    da, db, dc, *dd = draft  # (a, b, c[, d]): d the draft's per-request term per pass
     doc = {
         "schema": "specctl.profile/v1",
         "sku": "test",
@@ -29,7 +29,8 @@ def make_profile(target=(2.0e-5, 0.02, 6.0), draft=(2.5e-6, 0.003, 1.0), ngram_m
         "source": "roofline",
         "models": {
             "target": {"a_ms_per_ctx_token": a, "b_ms_per_batched_token": b, "c_ms": c, "resid_std_ms": resid},
-            "draft": {"a_ms_per_ctx_token": da, "b_ms_per_batched_token": db, "c_ms": dc},
+            "draft": {"a_ms_per_ctx_token": da, "b_ms_per_batched_token": db, "c_ms": dc,
+                      "d_ms_per_request": dd[0] if dd else 0.0},
         },
         "drafters": [
             {"name": "draft", "kind": "draft_model", "model": "draft"},

@@ -162,7 +162,7 @@ def _slot_costs(cost: StepCostModel, ctx, rows, cols, drafter, lag, draft_sunk):
             continue
         r_sel, c_sel = rows[sel], cols[sel]
         m = d.model
-        mc[sel] += m.a * (d.draft_ctx(ctx[r_sel]) + c_sel) + m.b + np.where(c_sel == 0, m.b * lag[r_sel], 0.0)
+        mc[sel] += m.a * (d.draft_ctx(ctx[r_sel]) + c_sel) + m.b + np.where(c_sel == 0, d.catch_up_ms * lag[r_sel], 0.0)
     return mc
 
 
@@ -310,7 +310,7 @@ def _marginal_costs(cost: StepCostModel, ctx: np.ndarray, drafter, lag, jj: np.n
             m = d.model
             mc[sel] = (vb[sel] + m.b + m.a * d.draft_ctx(ctx[sel]))[:, None] + (m.a + va) * jj
             if lag is not None:
-                mc[sel, 0] += m.b * np.asarray(lag, dtype=np.float64)[sel]
+                mc[sel, 0] += d.catch_up_ms * np.asarray(lag, dtype=np.float64)[sel]
         else:
             mc[sel] = vb[sel][:, None] + va * jj
     return mc, groups
@@ -363,7 +363,7 @@ def _prefix_tables(verify: tuple[np.ndarray, float], d, ctx: np.ndarray, surv: n
         base = m.a * d.draft_ctx(ctx) + (vb + m.b)  # (n,)
         slope = slope + m.a
         if lag is not None:
-            catch = m.b * np.asarray(lag, dtype=np.float64)
+            catch = d.catch_up_ms * np.asarray(lag, dtype=np.float64)
     else:
         base = vb
     np.multiply(base[:, None], jj, out=mz)
@@ -499,7 +499,7 @@ def _admit_one(cost, ctx: np.ndarray, surv: np.ndarray, cap: int, cons: Constrai
         base = vb + m.b + m.a * float(d.draft_ctx(ctx[:1])[0])
         mc = [base + (m.a + va) * j for j in range(K)]
         if lag is not None:
-            mc[0] += m.b * float(lag[0])
+            mc[0] += d.catch_up_ms * float(lag[0])
     else:
         mc = [vb + va * j for j in range(K)]
     p = surv[0].tolist()

@@ -13,7 +13,9 @@ T_step = T_draft + T_verify + overhead, where (DESIGN.md section 4):
   its per-request term d for each: the verify slot j of a request costs b + d + a' (ctx + j) instead
   of b (``verify_slots``).
 A request whose draft state lags the target by L tokens re-prefills them in its first draft pass
-(catch-up), which adds L batched tokens to that pass.
+(catch-up), which adds L batched tokens to that pass at ``catch_up_ms`` each: the draft's per-token
+cost without the per-sequence term a profile folds into it (``seq_ms``), which the request's sequence
+pays once for the pass, not once per token it catches up.
 
 Everything is vectorised over requests. ``slot_costs`` gives the marginal cost of each draft slot
 (request r, position j) for the request-level optimiser.
@@ -44,7 +46,9 @@ class DrafterCost:
 
     ``model`` is the forward-pass cost of the draft model or EAGLE head (for ``self_spec``, the
     target's own cost with its KV capped at ``sink + window``); ``const_ms`` is a per-step cost
-    (n-gram lookup, or a fixed launch overhead for the others).
+    (n-gram lookup, or a fixed launch overhead for the others). ``seq_ms``: the per-sequence term
+    (host preparation per request per pass) folded into ``model.b`` (``LinearCost.per_token_draft``),
+    which a caught-up token does not pay again.
     """
 
     name: str
@@ -53,6 +57,7 @@ class DrafterCost:
     const_ms: float = 0.0
     sink: int = 0
     window: int = 0
+    seq_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind in (DrafterKind.draft_model, DrafterKind.eagle, DrafterKind.self_spec) and self.model is None:
@@ -65,6 +70,17 @@ class DrafterCost:
     @property
     def has_passes(self) -> bool:
         return self.kind != DrafterKind.ngram
+
+    @property
+    def catch_up_ms(self) -> float:
+        """ms per context token a lagging draft catches up in its first pass (0: no model)."""
+        return max(self.model.b - self.seq_ms, 0.0) if self.model is not None else 0.0
+
+    @property
+    def catch_up_share(self) -> float:
+        """A caught-up token's cost as a share of a drafted token's (1 without a per-sequence term)."""
+        b = self.model.b if self.model is not None else 0.0
+        return self.catch_up_ms / b if b > 0 else 0.0
 
     def draft_ctx(self, ctx: np.ndarray) -> np.ndarray:
         if self.kind == DrafterKind.self_spec:
@@ -90,7 +106,7 @@ class DrafterCost:
         total_ctx = float(ctxsum.sum() + (depth * cnt).sum())
         total_tok = float(cnt.sum())
         if lag is not None:
-            total_tok += float(np.asarray(lag)[k > 0].sum())
+            total_tok += self.catch_up_share * float(np.asarray(lag)[k > 0].sum())
         return m.a * total_ctx + m.b * total_tok + m.c * kmax + self.const_ms
 
     def slot_costs(self, ctx: np.ndarray, lag: np.ndarray, max_k: int) -> np.ndarray:
@@ -106,7 +122,7 @@ class DrafterCost:
         dctx = self.draft_ctx(ctx.astype(np.float64))
         j = np.arange(max_k, dtype=np.float64)
         cost = m.a * (dctx[:, None] + j[None, :]) + m.b
-        cost[:, 0] += m.b * lag
+        cost[:, 0] += self.catch_up_ms * lag
         return cost
 
     @property
@@ -155,7 +171,7 @@ class StepCostModel:
 
     def catch_up_ms_per_token(self) -> np.ndarray:
         """(m,) each drafter's draft-model ms per context token caught up (0: no model)."""
-        return np.array([d.model.b if d.model is not None else 0.0 for d in self.drafters])
+        return np.array([d.catch_up_ms for d in self.drafters])
 
     def step_ms(self, ctx, k, drafter=None, lag=None) -> float:
         """Predicted step time in ms. ``drafter``: per-request drafter index (default all 0)."""

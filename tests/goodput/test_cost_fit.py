@@ -196,6 +196,23 @@ def test_profile_carries_the_per_request_term_and_folds_a_drafts_into_b():
     assert folded.d == 0.0 and folded.b == pytest.approx(0.6)
 
 
+def test_a_caught_up_token_pays_the_drafts_per_token_price_without_its_per_request_term():
+    """A profile folds a draft's per-request term into b (one token per request per pass); a lagging
+    request's catch-up adds tokens to its first pass, not sequences, in every price the policies use."""
+    from tests.conftest import make_profile
+
+    prof = make_profile(draft=(0.0, 0.001, 0.5, 0.035))
+    cost = prof.step_cost(["draft"])
+    d = cost.drafters[0]
+    assert d.model.b == pytest.approx(0.036) and d.catch_up_ms == pytest.approx(0.001)
+    assert cost.catch_up_ms_per_token()[0] == pytest.approx(0.001)
+    ctx, k, lag = np.array([300.0, 500.0]), np.array([1, 1]), np.array([300, 0])
+    assert d.draft_ms(ctx, k, lag) - d.draft_ms(ctx, k) == pytest.approx(0.3)
+    assert d.slot_costs(ctx, lag.astype(float), 2)[:, 0] == pytest.approx([0.036 + 0.3, 0.036])
+    plain = make_profile(draft=(0.0, 0.001, 0.5)).step_cost(["draft"]).drafters[0]
+    assert plain.catch_up_ms == plain.model.b and plain.catch_up_share == 1.0
+
+
 def test_loop_overhead_recovers_per_step_and_per_request_terms():
     from control.goodput.overhead import LoopOverhead
 

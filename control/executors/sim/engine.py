@@ -655,11 +655,13 @@ class SimEngine:
             return dc.const_ms, 0, 0, 0
         dctx = dc.draft_ctx(ctx) if dc.kind.value == "self_spec" else ctx
         c_tok = float((passes * dctx).sum() + (passes * (passes - 1)).sum() / 2)
-        b_tok = int(passes.sum() + lag[passes > 0].sum())
+        seq_passes = int(passes.sum())  # one token per request per pass
+        caught_up = int(lag[passes > 0].sum())
         mdl = dc.model
-        seq_passes = float(passes.sum())  # the draft's per-request term d is paid per request per pass
-        return (mdl.a * c_tok + mdl.b * b_tok + mdl.c * pmax + mdl.d * seq_passes + dc.const_ms, int(c_tok), b_tok,
-                pmax)
+        # the draft's per-request term d is paid per request per pass (folded into b: once per pass's token)
+        b_tok = seq_passes + dc.catch_up_share * caught_up  # a caught-up token pays no per-request term
+        ms = mdl.a * c_tok + mdl.b * b_tok + mdl.c * pmax + mdl.d * seq_passes + dc.const_ms
+        return ms, int(c_tok), seq_passes + caught_up, pmax
 
     def _fast_forward(self, r: _Run, dec: np.ndarray, ctx: np.ndarray, rem: np.ndarray) -> None:
         """Plain decode steps until the next completion or arrival, in closed form (same times and

@@ -90,7 +90,7 @@ class CostRefit:
         fitted = self.prices.fitted
         fitted[:] = [r is not None and r.improves_on_prior() for r in rd]
         drafters = tuple(
-            DrafterCost(d.name, d.kind, rd[i].cost if fitted[i] else d.model, d.const_ms, d.sink, d.window)
+            DrafterCost(d.name, d.kind, rd[i].cost if fitted[i] else d.model, d.const_ms, d.sink, d.window, d.seq_ms)
             for i, d in enumerate(base.drafters)
         )
         target = self.rls_target.cost if self.rls_target.improves_on_prior() else base.target

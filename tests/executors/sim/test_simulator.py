@@ -121,8 +121,11 @@ class _LateDrafter(BasePolicy):
         self.outcomes.append(outcome)
 
 
-def test_a_draft_that_lags_pays_its_catch_up_once():
-    prof = make_profile()
+@pytest.mark.parametrize("per_request_ms", [0.0, 0.05])
+def test_a_draft_that_lags_pays_its_catch_up_once(per_request_ms):
+    """The catch-up's tokens cost the draft's per-token price; its per-request term (host preparation
+    per sequence per pass, as vLLM's draft runner had) is paid once per pass, not per caught-up token."""
+    prof = make_profile(draft=(2.5e-6, 0.003, 1.0, per_request_ms))
     n_in, n_out = 100, 40
     w = Workload("one", np.zeros(1), np.array([n_in]), np.array([n_out]), np.array([-1]))
     eng = _engine(prof, w)
@@ -135,8 +138,12 @@ def test_a_draft_that_lags_pays_its_catch_up_once():
     assert first.draft_batched_tokens == 2 + ctx_at_first
     assert second.draft_batched_tokens == 2  # back in sync: no catch-up
     d = prof.models["draft"]
-    expect = d.a_ms_per_ctx_token * (2 * ctx_at_first + 1) + d.b_ms_per_batched_token * (2 + ctx_at_first) + 2 * d.c_ms
+    b, per_req = d.b_ms_per_batched_token, d.d_ms_per_request
+    expect = d.a_ms_per_ctx_token * (2 * ctx_at_first + 1) + (b + per_req) * 2 + b * ctx_at_first + 2 * d.c_ms
     assert first.draft_ms == pytest.approx(expect, rel=1e-9)
+    # the policies' cost model prices the step's drafting as the simulator charged it
+    cost = prof.step_cost(["draft"]).drafters[0]
+    assert cost.draft_ms(first.ctx_lens, first.drafted, np.array([ctx_at_first])) == pytest.approx(expect, rel=1e-9)
 
 
 def test_confidence_cut_stops_drafting_and_prune_limits_verification():
