@@ -275,6 +275,32 @@ def test_refit_stage_rebuilds_the_cost_model_every_refit_period_from_measured_ti
     assert rebuilt.verify_ms(v.ctx_lens, np.full(n, 2)) > 2.0 * ctx.cost.verify_ms(v.ctx_lens, np.full(n, 2))
 
 
+def test_refit_reads_caught_up_draft_tokens_at_their_own_price():
+    """A draft with a per-sequence term (host preparation per pass) folded into its token price: steps
+    timed as the profile prices them, catch-ups included, leave the measured price error at zero."""
+    from control.goodput.stepcost import DrafterCost
+
+    base = _ctx().cost
+    d0 = base.drafters[0]
+    model = replace(d0.model, b=d0.model.b + 0.035)
+    cost = replace(base, drafters=(DrafterCost(d0.name, d0.kind, model, d0.const_ms, seq_ms=0.035), *base.drafters[1:]))
+    d = cost.drafters[0]
+    refit = CostRefit(cost)
+    rng = np.random.default_rng(2)
+    for step in range(40):
+        n = int(rng.integers(2, 16))
+        ctx, k = rng.integers(100, 900, n), rng.integers(1, 4, n)
+        lag = np.where(rng.random(n) < 0.3, ctx, 0)  # new requests catch up on their prompts
+        feats = d.features(ctx, k)
+        out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=np.zeros(n, dtype=np.int64),
+                          ctx_lens=ctx, drafted=k, verified=k, accepted=k // 2, verify_ms=cost.verify_ms(ctx, k),
+                          draft_ms=d.draft_ms(ctx, k, lag), draft_ctx_tokens=int(feats[0]),
+                          draft_batched_tokens=int(feats[1] + lag.sum()), draft_passes=feats[2], step=step)
+        refit.update(out, np.zeros(n, dtype=np.int64), k > 0, True, cost.verify, cost)
+    mean, _ = refit.prices.posterior()
+    assert abs(mean[0]) < 1e-9
+
+
 def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_one():
     """``learn_pooled`` over queued steps (two drafters, the second an n-gram lookup, categories,
     confidences, steps where nobody drafted) leaves the pooled estimators as ``learn`` step by step

@@ -80,8 +80,13 @@ class CostRefit:
         if rls is None or ms <= 0.0:
             return
         ctx, batched, passes = outcome.draft_ctx_tokens, outcome.draft_batched_tokens, outcome.draft_passes
-        rls.update(ctx, batched, ms, passes)
         d = base.drafters[i]
+        if d.seq_ms and used.size == 1:
+            # tokens beyond one per request per pass were caught up, at the price without the
+            # per-sequence term folded into b (DrafterCost.catch_up_ms)
+            caught = max(batched - int(outcome.drafted.sum()), 0)
+            batched -= caught * (1.0 - d.catch_up_share)
+        rls.update(ctx, batched, ms, passes)
         self.prices.observe(i, ms, float(d.model.predict(ctx, batched, passes)) + d.const_ms)
 
     def rebuild(self, base: StepCostModel, verify: VerifyGranularity) -> StepCostModel:
