@@ -93,6 +93,7 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000),
         ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, rope_theta=500000.0, max_position=131072),
         ModelShape("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, rope_theta=500000.0, max_position=131072),
+        ModelShape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000),
         # Vicuna v1.5 7B/13B are Llama-2 fine-tunes (same shapes); Vicuna-33B v1.3 is LLaMA-1 33B.
         ModelShape("vicuna-7b", 32, 4096, 32, 32, 11008, 32000),
         ModelShape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000),

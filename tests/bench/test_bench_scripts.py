@@ -127,6 +127,14 @@ def test_validation_scripts_print_the_paper_tables(tmp_path):
     r = _script("validate_smartspec_fig1.py", "--requests", "60", "--seeds", "1", "--rates", "4,16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert '"fixed:5"' in r.stdout.splitlines()[-1]
+    r = _script("validate_smartspec_fig11.py", "--panels", "c", "--requests", "40", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "| c | vicuna-7b TP1 + llama-160m, spider | 32 |" in r.stdout
+    assert "- `smartspec`: within 3% of the best static configuration or better in" in r.stdout
+    for bad, says in ((("--panels", "c,z"), "--panels 'c,z'"), (("--framework", "nope"), "unknown framework 'nope'"),
+                      (("--acceptance", "1.5"), "--acceptance 1.5")):
+        r = _script("validate_smartspec_fig11.py", *bad, cwd=tmp_path)
+        assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_turbospec_split_draft_prepares_every_pass_on_the_host_only_where_the_target_is_split(monkeypatch):

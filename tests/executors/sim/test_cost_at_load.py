@@ -26,6 +26,9 @@ def test_paper_shapes_are_in_the_catalog():
     assert get_model("vicuna-33b").params / 1e9 == pytest.approx(32.5, abs=0.1)
     assert get_model("vicuna-13b").params / 1e9 == pytest.approx(13.0, abs=0.1)
     assert get_model("vicuna-7b").params == get_model("llama-2-7b").params
+    # SmartSpec Fig. 11's 70B target: Llama-2-70B, 69.0B parameters, GQA with 8 KV heads
+    assert get_model("llama-2-70b").params / 1e9 == pytest.approx(69.0, abs=0.1)
+    assert get_model("llama-2-70b").kv_bytes_per_token() == 2 * 80 * 8 * 128 * 2
 
 
 def test_batch_expansion_reads_the_kv_once_per_verified_token():
