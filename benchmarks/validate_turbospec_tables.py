@@ -22,7 +22,7 @@ inputs.
 
     python benchmarks/validate_turbospec_tables.py [--requests 1000] [--seeds 1] [--rows l40s-7b-sharegpt,...]
         [--framework vllm-0.6|vllm|vllm-mqa] [--verify framework|expansion|mqa]
-        [--draft-host-prep framework|on|off|split] [--host-scale X]
+        [--draft-host-prep framework|on|off|split] [--host-scale X] [--extra adaptive]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from control.bench.simrun import SimSetup, crossover_rate, run_policy, workload_
 from control.bench.workloads import poisson  # noqa: E402
 from control.buildsys.roofline import Framework, roofline_profile, scaled_framework  # noqa: E402
 from control.errors import ConfigError  # noqa: E402
+from control.policyspec import parse_policy_spec  # noqa: E402
 
 CONFIGS = ("none", "fixed:1", "fixed:3", "fixed:5", "fixed:7")
 LABELS = ("Org", "k=1", "k=3", "k=5", "k=7")
@@ -108,16 +109,16 @@ TABLE = AcceptanceTable({
 
 
 def simulate(row: Row, requests: int, seeds: int, framework: Framework,
-             expansion: bool | None = None) -> dict[str, list[float]]:
-    """Mean request latency (s) of every configuration at each of the row's QPS."""
+             expansion: bool | None = None, extra: tuple[str, ...] = ()) -> dict[str, list[float]]:
+    """Mean request latency (s) of every configuration (and each ``extra`` policy) at each of the row's QPS."""
     prof = roofline_profile(row.sku, row.target, [row.draft], tp=row.tp, framework=framework)
     base = poisson(requests, 1.0, f"lognormal:{row.prompt[0]}:{row.prompt[1]}",
                    f"lognormal:{row.output[0]}:{row.output[1]}", seed=0)
     setup = SimSetup(prof, base, max_k=8, table=TABLE, max_batch=256,
                      acceptance_overrides={row.draft: row.acceptance}, verify_expansion=expansion)
-    out: dict[str, list[float]] = {lab: [] for lab in (*LABELS, TS)}
+    out: dict[str, list[float]] = {lab: [] for lab in (*LABELS, TS, *extra)}
     for q in row.qps:
-        for lab, pol in zip((*LABELS, TS), (*CONFIGS, "turbospec"), strict=True):
+        for lab, pol in zip((*LABELS, TS, *extra), (*CONFIGS, "turbospec", *extra), strict=True):
             vals = []
             for seed in range(seeds):
                 w = workload_at(setup, q, requests, seed)
@@ -186,14 +187,17 @@ def markdown(results: list[tuple[Row, dict, dict]]) -> str:
             lines.append(f"| {row.key} | {r['qps']:g} | {r['paper_best']} | {r['sim_best']} | "
                          f"{'yes' if r['agree'] else 'no'} | {'yes' if r['near'] else '**no**'} |")
     lines.append(f"\nbest configuration: same in {a_ok}/{m}; paper's best within 10% of the simulator's in {a_near}/{m}\n")
-    lines += ["| row | QPS | TurboSpec / best static, paper | turbospec / best static, simulator |",
-              "|---|---:|---:|---:|"]
+    extra = [lab for lab in (results[0][1] if results else {}) if lab not in (*LABELS, TS)]
+    lines += ["| row | QPS | TurboSpec / best static, paper | turbospec / best static, simulator |"
+              + "".join(f" {p} / best static, simulator |" for p in extra),
+              "|---|---:|---:|---:|" + "---:|" * len(extra)]
     gaps = []
     for row, sim, _ in results:
         for i, q in enumerate(row.qps):
             rp, rs = ts_ratio(row.latency_s, i), ts_ratio(sim, i)
             gaps.append(rs - rp)
-            lines.append(f"| {row.key} | {q:g} | {rp:.3f} | {rs:.3f} |")
+            lines.append(f"| {row.key} | {q:g} | {rp:.3f} | {rs:.3f} |"
+                         + "".join(f" {ts_ratio(sim, i, p):.3f} |" for p in extra))
     if gaps:
         g = np.abs(gaps)
         lines.append(f"\nturbospec vs the paper's TurboSpec (latency over the best static configuration): "
@@ -216,9 +220,9 @@ def row_framework(fw: Framework, row: Row, draft_host_prep: str) -> Framework:
     return replace(fw, draft_host_prep=row.tp > 1) if draft_host_prep == "split" else fw
 
 
-def ts_ratio(lat: dict, i: int) -> float:
-    """TurboSpec's latency over the best static configuration (Org or a fixed k) at QPS index i."""
-    return lat[TS][i] / min(lat[lab][i] for lab in LABELS)
+def ts_ratio(lat: dict, i: int, policy: str = TS) -> float:
+    """TurboSpec's (or ``policy``'s) latency over the best static configuration (Org or a fixed k) at QPS index i."""
+    return lat[policy][i] / min(lat[lab][i] for lab in LABELS)
 
 
 def main() -> None:
@@ -236,9 +240,17 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(r.key for r in ROWS))
     ap.add_argument("--verify", choices=("framework", "expansion", "mqa"), default="framework",
                     help="verification as the framework does it (vLLM: batch expansion), or forced either way")
+    ap.add_argument("--extra", default="", help="more policies to run beside turbospec, e.g. adaptive (their "
+                    "latency over the best static configuration joins the TurboSpec table)")
     ap.add_argument("--json")
     args = ap.parse_args()
     want = args.rows.split(",")
+    extra = tuple(x.strip() for x in args.extra.split(",") if x.strip())
+    try:
+        for pol in extra:
+            parse_policy_spec(pol)
+    except ConfigError as e:
+        raise SystemExit(f"--extra {args.extra!r}: {e}") from None
     unknown = sorted(set(want) - {r.key for r in ROWS})
     if unknown:
         raise SystemExit(f"--rows: unknown {', '.join(unknown)}; known: {', '.join(r.key for r in ROWS)}")
@@ -251,7 +263,7 @@ def main() -> None:
     for row in ROWS:
         if row.key not in want:
             continue
-        sim = simulate(row, args.requests, args.seeds, row_framework(fw, row, args.draft_host_prep), expansion)
+        sim = simulate(row, args.requests, args.seeds, row_framework(fw, row, args.draft_host_prep), expansion, extra)
         cmp = compare(row, sim)
         results.append((row, sim, cmp))
         print(f"{row.key}: crossover paper {cmp['crossover_paper']} sim {cmp['crossover_sim']}", flush=True)

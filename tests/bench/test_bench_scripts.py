@@ -115,10 +115,15 @@ def test_bar_check_reports_a_paired_interval_of_ours_over_the_best(bench_json):
 
 def test_validation_scripts_print_the_paper_tables(tmp_path):
     """The crossover validations run as documented from outside the repo and print their verdicts."""
-    r = _script("validate_turbospec_tables.py", "--requests", "60", "--rows", "h100x4-70b-sonnet", cwd=tmp_path)
+    r = _script("validate_turbospec_tables.py", "--requests", "60", "--rows", "h100x4-70b-sonnet", "--extra", "adaptive",
+                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "| h100x4-70b-sonnet | k=7 | 14.5 |" in r.stdout
+    assert "turbospec / best static, simulator | adaptive / best static, simulator |" in r.stdout
+    assert "| h100x4-70b-sonnet | 16 | 1.020 |" in r.stdout  # the paper's TurboSpec / best static
     assert "crossover within 25%:" in r.stdout and "of the 4 cells where the paper crosses" in r.stdout
+    r = _script("validate_turbospec_tables.py", "--extra", "nope", cwd=tmp_path)
+    assert r.returncode != 0 and "--extra 'nope': unknown policy 'nope'" in r.stderr
     r = _script("validate_turbospec_tables.py", "--rows", "nope", cwd=tmp_path)
     assert r.returncode != 0 and "--rows: unknown nope" in r.stderr
     for bad, says in ((("--framework", "nope"), "unknown framework 'nope'"), (("--rates", "4,x"), "--rates '4,x'")):
