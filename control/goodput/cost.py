@@ -145,6 +145,16 @@ def fit_target_cost(n_ctx, n_batched, t_ms, requests, keep: float = 0.5) -> Line
     return four if four.d > 0 and sse4 <= keep * sse3 else three
 
 
+def fit_draft_cost(n_ctx, n_batched, t_ms, passes, request_passes) -> LinearCost:
+    """A draft model's cost from steps timed as the engine drafts, some with a catch-up in their first
+    pass: a, b per token, c per pass and d per request and pass (the host work around each request's
+    token: sampling, the next pass's inputs). Decode passes carry one token per request, so the
+    profile's b + d is what a drafted token costs and b alone what a caught-up one does
+    (``DrafterCost.catch_up_ms``). Without a positive d, the three-term fit."""
+    four = fit_linear_cost(n_ctx, n_batched, t_ms, passes=passes, requests=request_passes)
+    return four if four.d > 0 else fit_linear_cost(n_ctx, n_batched, t_ms, passes=passes)
+
+
 class RecursiveCost:
     """Online refit of (a, b, c) by recursive least squares with a forgetting factor.
 

@@ -35,7 +35,7 @@ def plot_fit(points: list[Point], profile: Profile, path: str | Path) -> Path:
         pts = [p for p in points if p.model == key]
         c = profile.models[key].to_cost()
         meas = np.array([p.ms for p in pts])
-        pred = np.array([c.predict(p.n_ctx, p.n_batched, p.passes, p.batch) for p in pts])
+        pred = np.array([c.predict(p.n_ctx, p.n_batched, p.passes, p.batch * p.passes) for p in pts])  # per request and pass
         batch = np.array([p.batch for p in pts])
         cmap = plt.get_cmap("viridis")
         uniq = sorted(set(batch.tolist()))

@@ -23,7 +23,7 @@ import torch
 
 from control.buildsys.catalog import SKUS
 from control.buildsys.cpu.progress import Reporter, SilentReporter
-from control.goodput.cost import fit_linear_cost, fit_target_cost
+from control.goodput.cost import fit_draft_cost, fit_linear_cost, fit_target_cost
 from control.profile import PROFILE_SCHEMA, CostCoeffs, Profile, parse_profile
 from control.profiler.grid import CPU_GRID, GPU_GRID, Grid
 from control.profiler.models import ProfiledModel, default_dtype, engine_models, resolve_device, shape_models
@@ -89,13 +89,16 @@ def sweep_and_fit(models: list[ProfiledModel], grid: Grid, reporter: Reporter):
 
             raise ConfigError(f"model '{m.key}': only {len(pts)} grid point(s) fit its positions/KV budget; "
                               "widen --batch/--ctx or raise --kv-budget-gb")
-        # a target's passes vary the tokens per request (k + 1), so a per-request term can be told
-        # apart from a per-token one; a draft's (one token per request and pass) cannot
+        # a target's passes vary the tokens per request (k + 1), and a draft's catch-up steps those of
+        # their first pass, so a per-request term (per request and pass) can be told apart from a
+        # per-token one
         args = ([p.n_ctx for p in pts], [p.n_batched for p in pts], [p.ms for p in pts])
-        if m.role == "target" and len({p.tokens for p in pts}) > 1:
+        if len({p.tokens for p in pts}) < 2:
+            fit = fit_linear_cost(*args, passes=[p.passes for p in pts])
+        elif m.role == "target":
             fit = fit_target_cost(*args, requests=[p.batch for p in pts])
         else:
-            fit = fit_linear_cost(*args, passes=[p.passes for p in pts])
+            fit = fit_draft_cost(*args, passes=[p.passes for p in pts], request_passes=[p.batch * p.passes for p in pts])
         coeffs[m.key] = CostCoeffs.from_cost(fit)
         points += pts
     return coeffs, points

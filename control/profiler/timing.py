@@ -108,28 +108,38 @@ def draft_lengths(grid: Grid) -> tuple[int, ...]:
     return tuple(k for k in grid.ks if k > 0) or (1,)
 
 
+def catch_up_tokens(ctx: int) -> int:
+    """Tokens a timed catch-up step's draft is behind at context ``ctx``: half of it (0 below 2)."""
+    return ctx // 2 if ctx >= 2 else 0
+
+
 def sweep_draft_steps(name: str, model: LlamaForCausalLM, grid: Grid, reporter: Reporter, seed: int = 0) -> list[Point]:
     """Time draft steps of ``model`` at every (batch, ctx, k) of the grid that fits its positions and
-    KV budget, k from ``draft_lengths``; each point's features sum over the step's k passes."""
+    KV budget, k from ``draft_lengths``, and at every (batch, ctx) a one-token step whose draft is
+    ``catch_up_tokens(ctx)`` behind (its first pass catches them up: the tokens' own price, apart
+    from the per-request work of a pass); each point's features sum over the step's passes, and its
+    ``tokens`` are the first pass's per request."""
     ks = draft_lengths(grid)
     max_k = max(ks)
     plan = _shape_plan(model, grid, ks)
+    plan = [(B, [(s, k, 0) for s, k in shapes] + [(s, 1, catch_up_tokens(s)) for s in sorted({s for s, _ in shapes})
+                                                  if catch_up_tokens(s)]) for B, shapes in plan]
     reporter.phase(f"time {name} draft steps", sum(len(p) for _, p in plan) * (grid.warmup + grid.repeats))
     points: list[Point] = []
     for B, shapes in plan:
-        timer = DraftStepTimer(name, model, B, max(s for s, _ in shapes) + max_k, seed=seed)
-        rows = [timer.rows(s, k) for s, k in shapes]
+        timer = DraftStepTimer(name, model, B, max(s for s, _, _ in shapes) + max_k, seed=seed)
+        rows = [(timer.rows(s, k), lag) for s, k, lag in shapes]
         steps: list[list[DraftStep]] = [[] for _ in shapes]
         for rep in range(grid.warmup + grid.repeats):
-            for j, r in enumerate(rows):
-                step = timer.run(r)
+            for j, (r, lag) in enumerate(rows):
+                step = timer.run(r, lag)
                 if rep >= grid.warmup:
                     steps[j].append(step)
                 reporter.advance(1)
-        for (s, _k), st in zip(shapes, steps, strict=True):
+        for (s, _k, lag), st in zip(shapes, steps, strict=True):
             a = np.array([x.ms for x in st])
             f = st[0]
-            points.append(Point(name, B, s, 1, float(np.median(a)), float(a.min()), float(a.max()), f.ctx_tokens,
+            points.append(Point(name, B, s, 1 + lag, float(np.median(a)), float(a.min()), float(a.max()), f.ctx_tokens,
                                 f.batched_tokens, f.passes))
         del timer
         if model.lm_head.weight.device.type == "cuda":

@@ -138,13 +138,18 @@ class CostRefit:
         self.min_samples = int(min_samples)
         self.prior_weight = float(prior_weight)
         self.windows = {key: _Window(window) for key in profile.models}
-        self.coeffs: dict[str, CostCoeffs] = dict(profile.models)
         # Which model a drafter's draft time refits, and the constant to subtract (self-speculation runs
         # the target with a capped KV: its draft passes are not the target's cost, so they are not used).
         self._draft_model: dict[str, tuple[str, float]] = {}
         for d in profile.drafters:
             if d.kind in (DrafterKind.draft_model, DrafterKind.eagle) and d.model and d.model != "target":
                 self._draft_model[d.name] = (d.model, d.cost_ms)
+        # a draft model's per-request term folded into its token price, as the policies price its passes
+        drafts = {key for key, _ in self._draft_model.values()}
+        self._base: dict[str, CostCoeffs] = {
+            key: CostCoeffs.from_cost(c.to_cost().per_token_draft()) if key in drafts else c
+            for key, c in profile.models.items()}
+        self.coeffs: dict[str, CostCoeffs] = dict(self._base)
         self.samples_seen = 0
         self.refitted: set[str] = set()  # models whose refit replaced the profile's coefficients
 
@@ -222,7 +227,7 @@ class CostRefit:
                 continue
             d = w.data()
             X, y = d[:, :3], d[:, 3]
-            base = self.base.models[key]
+            base = self._base[key]
             prior = np.array([base.a_ms_per_ctx_token, base.b_ms_per_batched_token, base.c_ms])
             fit = self._select(X, y, prior)
             if fit is None:
@@ -289,4 +294,6 @@ class CostRefit:
         env["online_refit"] = {key: self.windows[key].n for key in self.windows if key in self.refitted}
         if not env["online_refit"]:
             return self.base
-        return self.base.model_copy(update={"models": dict(self.coeffs), "environment": env})
+        # a model not refitted keeps the profile's own coefficients (a draft's per-request term unfolded)
+        models = {key: self.coeffs[key] if key in self.refitted else c for key, c in self.base.models.items()}
+        return self.base.model_copy(update={"models": models, "environment": env})

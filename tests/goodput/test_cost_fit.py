@@ -245,3 +245,23 @@ def test_loop_overhead_ignores_unmeasured_steps_clips_stalls_and_never_goes_nega
     assert r == 0.0 and s > 0
     with pytest.raises(ConfigError, match="forgetting"):
         LoopOverhead(forgetting=0.0)
+
+
+def test_a_draft_fit_tells_its_per_request_work_from_its_tokens_with_catch_up_steps():
+    """Draft steps of k one-token passes, and one-pass steps that catch up L tokens: the fit recovers
+    the per-token price (what a caught-up token costs) apart from the per-request-and-pass work."""
+    from control.goodput.cost import fit_draft_cost
+
+    rows = []
+    for B in (1, 2, 4, 8):
+        for ctx in (32, 128, 512):
+            for k, lag in ((1, 0), (2, 0), (4, 0), (1, ctx // 2)):
+                n_ctx = B * sum(ctx + 1 + j for j in range(k))
+                n_batched, passes, req = B * (k + lag), k, B * k
+                rows.append((n_ctx, n_batched, passes, req, 2e-4 * n_ctx + 0.01 * n_batched + 1.5 * passes + 0.2 * req))
+    n_ctx, n_batched, passes, req, t = (list(c) for c in zip(*rows, strict=True))
+    fit = fit_draft_cost(n_ctx, n_batched, t, passes=passes, request_passes=req)
+    assert (fit.a, fit.b, fit.c, fit.d) == pytest.approx((2e-4, 0.01, 1.5, 0.2), rel=1e-6)
+    # no per-request work: the three-term fit
+    t3 = [x - 0.2 * r for x, r in zip(t, req, strict=True)]
+    assert fit_draft_cost(n_ctx, n_batched, t3, passes=passes, request_passes=req).d == pytest.approx(0.0, abs=1e-12)

@@ -10,7 +10,7 @@ import torch
 from control.buildsys.catalog import get_model
 from control.cli import main
 from control.errors import ConfigError
-from control.goodput.cost import fit_linear_cost, fit_target_cost
+from control.goodput.cost import fit_draft_cost, fit_target_cost
 from control.profile import load_profile
 from control.profiler.grid import Grid, parse_int_list
 from control.profiler.run import profile_shapes, sku_from_device_name
@@ -35,22 +35,26 @@ def test_profile_command_writes_profile_plot_and_points(quick_engines, tmp_path,
     assert prof.grid["batches"] == [1, 3] and prof.grid["ks"] == [0, 2, 5]
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader(out.with_suffix(".points.csv").open()))
-    # target: 2 batches x 2 contexts x 3 k; each draft: 2 x 2 draft steps at k = 2 and 5
-    assert len(rows) == prof.grid["points"] == 12 + 8 + 8
+    # target: 2 batches x 2 contexts x 3 k; each draft: 2 x 2 draft steps at k = 2 and 5, and 2 x 2
+    # one-pass steps catching up half the context
+    assert len(rows) == prof.grid["points"] == 12 + 12 + 12
     tgt = [r for r in rows if r["model"] == "target"]
     assert sorted({int(r["tokens_per_request"]) for r in tgt}) == [1, 3, 6]
     assert {int(r["passes"]) for r in tgt} == {1}
-    # a draft step of k passes in the engine's features: pass j reads ctx + 1 + j positions per request
+    # a draft step of k passes in the engine's features: pass j reads ctx + 1 + j positions per request;
+    # a catch-up step's one pass computes the ctx // 2 tokens the draft missed and the last one
     for r in (r for r in rows if r["model"] == "draft-tiny"):
-        b, s, k = int(r["batch"]), int(r["ctx"]), int(r["passes"])
-        assert k in (2, 5) and int(r["n_batched"]) == b * k
+        b, s, k, first = int(r["batch"]), int(r["ctx"]), int(r["passes"]), int(r["tokens_per_request"])
+        assert (k, first) in ((2, 1), (5, 1), (1, 1 + s // 2))
+        assert int(r["n_batched"]) == b * (k - 1 + first)
         assert int(r["n_ctx"]) == b * sum(s + 1 + j for j in range(k))
     drf = [r for r in rows if r["model"] == "draft-small"]
-    fit = fit_linear_cost([float(r["n_ctx"]) for r in drf], [float(r["n_batched"]) for r in drf],
-                          [float(r["ms_median"]) for r in drf], passes=[float(r["passes"]) for r in drf])
+    fit = fit_draft_cost([float(r["n_ctx"]) for r in drf], [float(r["n_batched"]) for r in drf],
+                         [float(r["ms_median"]) for r in drf], passes=[float(r["passes"]) for r in drf],
+                         request_passes=[float(r["batch"]) * float(r["passes"]) for r in drf])
     d = prof.models["draft-small"]
-    assert (d.a_ms_per_ctx_token, d.b_ms_per_batched_token, d.c_ms) == pytest.approx((fit.a, fit.b, fit.c), rel=1e-3,
-                                                                                     abs=1e-9)
+    assert (d.a_ms_per_ctx_token, d.b_ms_per_batched_token, d.c_ms, d.d_ms_per_request) == pytest.approx(
+        (fit.a, fit.b, fit.c, fit.d), rel=1e-3, abs=1e-9)
     # the profile's coefficients are the fit of exactly these medians
     # (the target's with the per-request term where that fits clearly better: fit_target_cost)
     refit = fit_target_cost([float(r["n_ctx"]) for r in tgt], [float(r["n_batched"]) for r in tgt],

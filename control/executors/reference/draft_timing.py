@@ -7,9 +7,9 @@ that host work costs about as much as draft-tiny's forward itself, so a profile 
 forwards prices draft-tiny's passes at half what the engine pays (docs/decisions.md, 2026-11-28).
 
 ``DraftStepTimer`` times whole draft steps through ``propose`` on greedy rows whose draft cache is in
-sync with the context (its first pass reads only the last token, as in a step after a rejection)
-and reports each step's features as the engine reports them to the cost refit: context tokens,
-batched tokens and passes.
+sync with the context (its first pass reads only the last token, as in a step after a rejection), or
+a given number of tokens behind it (the first pass catches them up), and reports each step's features
+as the engine reports them to the cost refit: context tokens, batched tokens and passes.
 """
 
 from __future__ import annotations
@@ -62,9 +62,14 @@ class DraftStepTimer:
                          self._greedy, np.ones(b), np.zeros(b, dtype=I64), np.ones(b), [None] * b)
 
     @torch.inference_mode()
-    def run(self, rows: DraftRows) -> DraftStep:
-        """Time one draft step of ``rows`` (from ``rows``), its cache first set in sync with the context."""
-        self.lengths[:] = rows.n_tok - 1
+    def run(self, rows: DraftRows, lag: int = 0) -> DraftStep:
+        """Time one draft step of ``rows`` (from ``rows``), its cache first set ``lag`` tokens behind the
+        context (0: in sync; more: the first pass catches them up, as for a request whose draft missed
+        its prompt or plain steps)."""
+        ctx = int(rows.n_tok.min()) - 1
+        if not 0 <= lag < ctx:
+            raise ValueError(f"catch-up of {lag} tokens at context {ctx}: needs 0 <= lag < ctx")
+        self.lengths[:] = rows.n_tok - 1 - lag
         self._sync()
         t0 = time.perf_counter()
         res = self.drafter.propose(rows, self.device)

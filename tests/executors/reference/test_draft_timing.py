@@ -29,3 +29,14 @@ def test_a_step_outside_the_cache_is_refused_with_what_fits(ctx, k):
     timer = DraftStepTimer("d", random_model(CFG, seed=1), 2, max_len=32)
     with pytest.raises(ValueError, match=f"context {ctx} with k = {k}: .*ctx \\+ k <= 32"):
         timer.rows(ctx, k)
+
+
+@pytest.mark.parametrize("batch, ctx, lag", [(1, 16, 8), (3, 40, 20)])
+def test_a_catch_up_step_computes_the_missing_tokens_in_its_first_pass(batch, ctx, lag):
+    timer = DraftStepTimer("d", random_model(CFG, seed=1), batch, max_len=ctx + 1)
+    rows = timer.rows(ctx, 1)
+    step = timer.run(rows, lag)
+    assert (step.passes, step.batched_tokens) == (1, batch * (1 + lag))
+    assert (timer.lengths == ctx + 1).all()  # back in sync with the context after the pass
+    with pytest.raises(ValueError, match=f"catch-up of {ctx} tokens at context {ctx}"):
+        timer.run(rows, ctx)
