@@ -23,7 +23,7 @@ model with features (sum N_ctx, sum N_batched, passes): the cost is linear in (a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -146,13 +146,27 @@ def fit_target_cost(n_ctx, n_batched, t_ms, requests, keep: float = 0.5) -> Line
 
 
 def fit_draft_cost(n_ctx, n_batched, t_ms, passes, request_passes) -> LinearCost:
-    """A draft model's cost from steps timed as the engine drafts, some with a catch-up in their first
-    pass: a, b per token, c per pass and d per request and pass (the host work around each request's
-    token: sampling, the next pass's inputs). Decode passes carry one token per request, so the
+    """A draft model's cost from steps timed as the engine drafts: (a, b, c) fitted on the steps whose
+    passes carry one token per request (what decoding drafts), then the price of a token caught up in
+    a first pass (a draft that missed the prompt or plain steps) from the steps that catch up: their
+    time beyond that fit's prediction for the same step without the catch-up, per caught-up token
+    (least squares through the origin, at most the fit's b). It returns b = that price and d = the
+    rest of the fit's b, per request and pass (the host work around each request's token), so the
     profile's b + d is what a drafted token costs and b alone what a caught-up one does
-    (``DrafterCost.catch_up_ms``). Without a positive d, the three-term fit."""
-    four = fit_linear_cost(n_ctx, n_batched, t_ms, passes=passes, requests=request_passes)
-    return four if four.d > 0 else fit_linear_cost(n_ctx, n_batched, t_ms, passes=passes)
+    (``DrafterCost.catch_up_ms``). Without catch-up steps, the three-term fit of all of them."""
+    x = np.asarray(n_ctx, dtype=np.float64).ravel()
+    tok = np.asarray(n_batched, dtype=np.float64).ravel()
+    t = np.asarray(t_ms, dtype=np.float64).ravel()
+    p = np.asarray(passes, dtype=np.float64).ravel()
+    rp = np.asarray(request_passes, dtype=np.float64).ravel()
+    caught = tok - rp  # tokens beyond one per request and pass
+    plain = caught <= 0
+    fit = fit_linear_cost(x[plain], tok[plain], t[plain], passes=p[plain])
+    if plain.all() or fit.b <= 0:
+        return fit
+    extra = t[~plain] - fit.predict(x[~plain], rp[~plain], p[~plain])  # (m,) beyond the step without catch-up
+    per_token = float(np.clip((extra * caught[~plain]).sum() / (caught[~plain] ** 2).sum(), 0.0, fit.b))
+    return replace(fit, b=per_token, d=fit.b - per_token)
 
 
 class RecursiveCost:
