@@ -3,7 +3,8 @@
 - ``sweep_model``: forward passes. A pass packs ``batch`` requests, each adding ``tokens`` tokens at
   context ``ctx`` (1 for plain decoding, k + 1 for verification).
 - ``sweep_draft_steps``: a draft model's whole draft steps of k passes through the engine's drafting
-  code (``executors.reference.draft_timing``), host work around each pass included.
+  code (``executors.reference.draft_timing``), host work around each pass included, and one-pass
+  steps that catch up tokens the draft missed (what a caught-up token costs apart from that work).
 
 For each batch size one KV cache is sized to the largest context of the grid (within the KV budget)
 and reused. Repeats are interleaved across the points of a batch size (round robin), so a burst of
