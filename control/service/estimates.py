@@ -11,6 +11,9 @@
   recursive least squares with forgetting) cannot wind up during long steady periods. Nested
   candidates (the profile; its slopes with a refitted constant; the full refit) each replace the
   simpler one only when they predict held-out samples clearly better (2-fold cross-validation).
+  A draft model's fit is of its drafted-token price (the per-request term ``d`` folded into ``b``);
+  the tokens a lagging draft caught up are priced without ``d``, and the refreshed profile writes the
+  fit with the profile's ``d`` unfolded again, so the policies keep pricing catch-up apart.
 """
 
 from __future__ import annotations
@@ -146,6 +149,8 @@ class CostRefit:
                 self._draft_model[d.name] = (d.model, d.cost_ms)
         # a draft model's per-request term folded into its token price, as the policies price its passes
         drafts = {key for key, _ in self._draft_model.values()}
+        # ms a caught-up token costs less than a drafted one (the per-request term of those passes)
+        self._seq_ms = {key: profile.models[key].d_ms_per_request for key in drafts}
         self._base: dict[str, CostCoeffs] = {
             key: CostCoeffs.from_cost(c.to_cost().per_token_draft()) if key in drafts else c
             for key, c in profile.models.items()}
@@ -177,9 +182,11 @@ class CostRefit:
             if entry.kind == DrafterKind.ngram:
                 pred[sel] += entry.cost_ms
             elif entry.name in self._draft_model:
-                m = self.coeffs[self._draft_model[entry.name][0]]
+                key = self._draft_model[entry.name][0]
+                m = self.coeffs[key]
                 pred[sel] += (m.a_ms_per_ctx_token * np.asarray(s.draft_ctx_tokens, dtype=np.float64)[sel]
                               + m.b_ms_per_batched_token * np.asarray(s.draft_batched_tokens, dtype=np.float64)[sel]
+                              - self._seq_ms[key] * _caught_up(s)[sel]
                               + m.c_ms * np.asarray(s.draft_passes, dtype=np.float64)[sel] + entry.cost_ms)
             else:
                 ok[sel] = False  # self-speculation: the draft side's cost is not a model of its own
@@ -215,8 +222,10 @@ class CostRefit:
             key, const = self._draft_model[name]
             sel = (drafter == di) & (passes > 0) & (dms > 0)
             if sel.any():
+                # the fit is of the drafted-token price: a caught-up token's missing d is added back
+                y = np.maximum(dms - const, 0.0) + self._seq_ms[key] * _caught_up(s)
                 rows = np.stack([np.asarray(s.draft_ctx_tokens, dtype=np.float64), np.asarray(s.draft_batched_tokens, dtype=np.float64),
-                                 passes, np.maximum(dms - const, 0.0)], axis=1)[sel]
+                                 passes, y], axis=1)[sel]
                 self.windows[key].add(rows)
         return err
 
@@ -295,5 +304,20 @@ class CostRefit:
         if not env["online_refit"]:
             return self.base
         # a model not refitted keeps the profile's own coefficients (a draft's per-request term unfolded)
-        models = {key: self.coeffs[key] if key in self.refitted else c for key, c in self.base.models.items()}
+        models = {key: self._unfolded(key) if key in self.refitted else c for key, c in self.base.models.items()}
         return self.base.model_copy(update={"models": models, "environment": env})
+
+    def _unfolded(self, key: str) -> CostCoeffs:
+        """The refit of ``key`` as a profile writes it: a draft model's profiled per-request term taken
+        back out of its fitted token price (``per_token_draft`` folds it in again)."""
+        c = self.coeffs[key]
+        seq = min(self._seq_ms.get(key, 0.0), c.b_ms_per_batched_token)
+        if seq <= 0.0:
+            return c
+        return c.model_copy(update={"b_ms_per_batched_token": c.b_ms_per_batched_token - seq, "d_ms_per_request": seq})
+
+
+def _caught_up(s) -> np.ndarray:
+    """Per sampled step, the draft tokens computed beyond one per drafted token (a lagging draft's
+    catch-up): passes carry each request's newest token, so the rest were caught up."""
+    return np.maximum(np.asarray(s.draft_batched_tokens, dtype=np.float64) - np.asarray(s.drafted, dtype=np.float64), 0.0)
