@@ -17,11 +17,12 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # Two workers (pytest-xdist): most tests are single-threaded simulations, and each worker that runs a
-# live test starts its own deployment. TEST_WORKERS=0 runs the suite in this process.
+# live test starts its own deployment. TEST_WORKERS=0 runs the suite in this process. The slowest
+# tests are listed at the end, so a CI run that nears its time limit says where the time went.
 TEST_WORKERS ?= 2
 
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 # The README's main command: venv + install (once), the CPU pair (quick unless a full one is built at
 # engines/cpu), serve, a short live benchmark of none vs fixed:3 vs adaptive, the table, shut down.
