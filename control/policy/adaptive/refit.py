@@ -82,10 +82,9 @@ class CostRefit:
         ctx, batched, passes = outcome.draft_ctx_tokens, outcome.draft_batched_tokens, outcome.draft_passes
         d = base.drafters[i]
         if d.seq_ms and used.size == 1:
-            # tokens beyond one per request per pass were caught up, at the price without the
-            # per-sequence term folded into b (DrafterCost.catch_up_ms)
-            caught = max(batched - int(outcome.drafted.sum()), 0)
-            batched -= caught * (1.0 - d.catch_up_share)
+            # tokens beyond one per request per pass were caught up, without the per-sequence term
+            # folded into b (DrafterCost.catch_up_ms): adding it back fits the drafted-token price
+            ms += d.seq_ms * max(batched - int(outcome.drafted.sum()), 0)
         rls.update(ctx, batched, ms, passes)
         self.prices.observe(i, ms, float(d.model.predict(ctx, batched, passes)) + d.const_ms)
 
