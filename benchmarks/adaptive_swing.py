@@ -13,10 +13,13 @@ adaptive's ratio to it.
 ``--pair h100-8b`` swings the H100 LLaMA-3.1-8B + LLaMA-3.2-1B roofline with vLLM's terms instead
 (speculation gains more there at low load). ``--acceptance-levels`` drifts the drafters' mean
 acceptance one level per segment in turn; with as many levels as rate levels (or a multiple), rate
-and prompt mix swing together, as they do over a real day.
+and prompt mix swing together, as they do over a real day. ``--phase azure-conv --phase mooncake`` swings what
+arrives instead: segment i replays the next requests of the i-th workload in turn (short conversations,
+then long-context sessions), each at its level of its own no-speculation capacity.
 
     SPECCTL_WORKLOADS=... python benchmarks/adaptive_swing.py [--pair a100-7b|h100-8b] [--levels 0.35,0.95]
-        [--acceptance-levels 0.35,0.9] [--segment-s 300] [--requests 3000] [--capacity C] [--workers 2]
+        [--acceptance-levels 0.35,0.9] [--phase W1 --phase W2] [--segment-s 300] [--requests 3000] [--capacity C[,C2]]
+        [--workers 2]
         [--json out.json]
 """
 
@@ -67,18 +70,50 @@ def run_all(jobs: list, workers: int) -> dict:
     return runs
 
 
-def build_setup(profile_path: str | None, workload: str, max_k: int, pair: str = "a100-7b"):
-    from control.bench.simrun import SimSetup
-    from control.bench.workloads import load_workload
+def build_profile(profile_path: str | None, pair: str = "a100-7b"):
     from control.buildsys.roofline import roofline_profile, scaled_framework
     from control.profile import load_profile
 
     if profile_path:
-        prof = load_profile(profile_path)
-    else:
-        sku, target, drafts = PAIRS[pair]
-        prof = roofline_profile(sku, target, drafts, framework=scaled_framework("vllm", 1.0, None))
-    return SimSetup(prof, load_workload(workload), max_k=max_k, max_batch=256)
+        return load_profile(profile_path)
+    sku, target, drafts = PAIRS[pair]
+    return roofline_profile(sku, target, drafts, framework=scaled_framework("vllm", 1.0, None))
+
+
+def build_setup(profile_path: str | None, workload, max_k: int, pair: str = "a100-7b", profile=None):
+    """The simulation setup of ``workload`` (a name, or a ``Workload``) on the profile."""
+    from control.bench.simrun import SimSetup
+    from control.bench.workloads import load_workload
+
+    prof = profile or build_profile(profile_path, pair)
+    return SimSetup(prof, load_workload(workload) if isinstance(workload, str) else workload, max_k=max_k,
+                    max_batch=256)
+
+
+def build_swing(args, levels: list[float]):
+    """(setup of the swung trace, the swing, capacity per phase): the rate swing of one workload, or
+    with ``--phase`` the workloads alternating, each at its level of its own capacity."""
+    from control.bench.simrun import measure_capacity
+    from control.bench.swing import alternate_phases, swing_rate
+    from control.errors import ConfigError
+
+    caps = [float(x) for x in args.capacity.split(",")] if args.capacity else []
+    if not args.phase:
+        setup = build_setup(args.profile, args.workload, args.max_k, args.pair)
+        capacity = caps[0] if caps else measure_capacity(setup)
+        return setup, swing_rate(setup.workload, [x * capacity for x in levels], args.segment_s, args.requests), [capacity]
+    prof = build_profile(args.profile, args.pair)
+    names = args.phase
+    if len(levels) == 1:
+        levels = levels * len(names)
+    if len(levels) != len(names) or (caps and len(caps) != len(names)):
+        raise ConfigError(f"--phase {' --phase '.join(names)}: give one --levels value per phase (or one for all) and, if any, "
+                          f"one --capacity per phase; got levels {levels} and capacities {caps or 'none'}")
+    setups = [build_setup(None, name, args.max_k, profile=prof) for name in names]
+    caps = caps or [measure_capacity(s) for s in setups]
+    swing = alternate_phases([s.workload for s in setups], [x * c for x, c in zip(levels, caps, strict=True)],
+                             args.segment_s, args.requests)
+    return build_setup(None, swing.workload, args.max_k, profile=prof), swing, caps
 
 
 def markdown(rows: list[dict], policy: str) -> str:
@@ -101,7 +136,11 @@ def main(argv=None) -> int:
                                                           "one per segment in turn (default 0.35,0.95)")
     ap.add_argument("--segment-s", type=float, default=300.0, help="segment length in seconds (default 300)")
     ap.add_argument("--requests", type=int, default=3000, help="the trace's first N requests (default 3000)")
-    ap.add_argument("--capacity", type=float, help="no-speculation capacity in req/s (default: measure it)")
+    ap.add_argument("--capacity", help="no-speculation capacity in req/s, one per --phase, comma-separated "
+                                       "(default: measure it)")
+    ap.add_argument("--phase", action="append", help="a workload that arrives in every other segment (give two or "
+                                                     "more, e.g. --phase azure-conv --phase mooncake; --levels then "
+                                                     "gives each its fraction of its own capacity)")
     ap.add_argument("--acceptance-levels", help="drafters' mean acceptance per segment in turn, e.g. 0.9,0.4 "
                                                 "(default: the workload's acceptance table, constant)")
     ap.add_argument("--concentration", type=float, default=8.0,
@@ -113,15 +152,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the tables here")
     args = ap.parse_args(argv)
 
-    from control.bench.simrun import measure_capacity
-    from control.bench.swing import drifting_rates, segment_table, swing_rate
+    from control.bench.swing import drifting_rates, segment_table
     from control.errors import SpecctlError
 
     try:
-        setup = build_setup(args.profile, args.workload, args.max_k, args.pair)
-        capacity = args.capacity or measure_capacity(setup)
         levels = [float(x) for x in args.levels.split(",")]
-        swing = swing_rate(setup.workload, [x * capacity for x in levels], args.segment_s, args.requests)
+        setup, swing, caps = build_swing(args, levels)
         rates, acc = None, None
         if args.acceptance_levels:
             acc = [float(x) for x in args.acceptance_levels.split(",")]
@@ -131,14 +167,15 @@ def main(argv=None) -> int:
         return 2
     static = [s for s in args.static.split(",") if s]
     policies = [p for p in args.policies.split(",") if p]
-    print(f"profile {setup.profile.sku}/{setup.profile.pair}; {swing.workload.describe()}; capacity {capacity:.3f} req/s; "
-          f"levels {', '.join(f'{x:g} ({x * capacity:.2f} req/s)' for x in levels)}, {args.segment_s:g} s segments, "
-          f"{swing.segments} segments; acceptance {args.acceptance_levels or 'from the table'}", flush=True)
+    print(f"profile {setup.profile.sku}/{setup.profile.pair}; {swing.workload.describe()}; capacity "
+          f"{', '.join(f'{c:.3f}' for c in caps)} req/s; levels {', '.join(f'{r:.2f} req/s' for r in swing.rates)}, "
+          f"{args.segment_s:g} s segments, {swing.segments} segments; acceptance "
+          f"{args.acceptance_levels or 'from the table'}", flush=True)
     runs = run_all([(setup, swing.workload, s, rates) for s in static + policies], args.workers)
     print("| configuration | mean latency s |\n|---|---|")
     for spec in static + policies:
         print(f"| {spec} | {np.mean(runs[spec].finish_s - runs[spec].arrival_s):.3f} |")
-    out = {"capacity_req_s": capacity, "levels": levels, "segment_s": args.segment_s, "requests": swing.workload.n,
+    out = {"capacity_req_s": caps if args.phase else caps[0], "levels": levels, "phases": args.phase, "segment_s": args.segment_s, "requests": swing.workload.n,
            "acceptance_levels": args.acceptance_levels}
     for p in policies:
         rows = segment_table(runs, swing, p, static, acceptance=acc)

@@ -6,7 +6,9 @@ of the new time axis to the next level in turn (e.g. below and above the rate wh
 stops paying). ``segment_table`` reads a run per segment: the mean latency of the requests arriving
 in each one, and which configuration was best there in hindsight. ``drifting_rates`` makes the
 drafters' acceptance drift instead (or as well): each segment draws its requests' rates around its
-own mean, as when the prompt mix changes over the day.
+own mean, as when the prompt mix changes over the day. ``alternate_phases`` swings what arrives:
+segment i draws its requests, in order, from workload ``i % P`` (e.g. short conversations, then
+long-context sessions), each at its own rate.
 """
 
 from __future__ import annotations
@@ -56,6 +58,70 @@ def swing_rate(base: Workload, rates: list[float], segment_s: float, requests: i
         seg[i + 1] = int(now // segment_s)
     out = replace(w, arrival_s=t, notes={**w.notes, "swing_rates_req_s": list(rates), "segment_s": segment_s})
     return Swing(out, seg, tuple(float(r) for r in rates), float(segment_s))
+
+
+MAX_EMPTY_SEGMENTS = 1000  # consecutive segments without an arrival: the rates are too low for the segments
+
+
+def alternate_phases(phases: list[Workload], rates: list[float], segment_s: float, requests: int) -> Swing:
+    """``requests`` arrivals whose segment i comes from ``phases[i % P]`` at ``rates[i % P]`` req/s.
+
+    Each phase's requests are taken in their order, with its own gaps (in units of its mean gap)
+    rescaled to its rate, so each keeps its lengths and burstiness; a gap that would cross into the
+    next segment is not taken, and the next segment starts its phase's clock at the boundary."""
+    if len(phases) < 2:
+        raise ConfigError(f"{len(phases)} phase(s): alternating phases needs at least two workloads")
+    if len(rates) != len(phases) or any(not (r > 0 and math.isfinite(r)) for r in rates):
+        raise ConfigError(f"phase rates {rates!r}: give one finite rate > 0 req/s per phase ({len(phases)})")
+    if not (segment_s > 0 and math.isfinite(segment_s)):
+        raise ConfigError(f"segment length {segment_s!r} s: must be a finite number > 0")
+    if requests < 1:
+        raise ConfigError(f"requests = {requests}: must be >= 1")
+    families = {w.family for w in phases}
+    if len(families) > 1 or any(w.categories for w in phases):
+        raise ConfigError("alternating phases need workloads of one acceptance family and without categories "
+                          f"(got {', '.join(f'{w.name}: {w.family}' for w in phases)})")
+    for w in phases:
+        if w.n < 2 or w.span_s <= 0:
+            raise ConfigError(f"workload '{w.name}' needs at least two requests at distinct times to be a phase")
+    gaps = [np.diff(w.arrival_s) * w.rate for w in phases]  # per phase (n - 1,) gaps in mean gaps
+    cursor = [0] * len(phases)
+    picked: list[tuple[float, int, int, int]] = []  # (arrival, phase, request index, segment)
+    now, seg, empty = 0.0, 0, 0
+    while len(picked) < requests:
+        p = seg % len(phases)
+        end = (seg + 1) * segment_s
+        before = len(picked)
+        while len(picked) < requests:
+            j = cursor[p]
+            if j >= gaps[p].size:
+                raise ConfigError(f"phase '{phases[p].name}' ran out of requests after {j + 1}; "
+                                  "ask for fewer requests or shorter segments")
+            t = now + gaps[p][j] / rates[p]
+            if t >= end:
+                break
+            now = t
+            cursor[p] = j + 1
+            picked.append((t, p, j + 1, seg))
+        empty = 0 if len(picked) > before else empty + 1
+        if empty >= MAX_EMPTY_SEGMENTS:
+            raise ConfigError(f"no arrival in {MAX_EMPTY_SEGMENTS} segments of {segment_s:g} s at rates {rates!r}; "
+                              "raise the rates or the segment length")
+        now, seg = end, seg + 1
+    t = np.array([x[0] for x in picked])
+    which = np.array([x[1] for x in picked], dtype=np.int64)
+    idx = np.array([x[2] for x in picked], dtype=np.int64)
+    segment = np.array([x[3] for x in picked], dtype=np.int64)
+    prompt, output = np.empty(requests, dtype=np.int64), np.empty(requests, dtype=np.int64)
+    for p, w in enumerate(phases):
+        sel = which == p
+        prompt[sel], output[sel] = w.prompt_tokens[idx[sel]], w.output_tokens[idx[sel]]
+    name = "+".join(w.name for w in phases)
+    out = Workload(name, t, prompt, output, np.full(requests, -1, dtype=np.int64), family=phases[0].family,
+                   notes={"source": f"alternating phases of {', '.join(w.name for w in phases)}",
+                          "phase_rates_req_s": [float(r) for r in rates], "segment_s": segment_s,
+                          "phases": [{"name": w.name, **w.notes} for w in phases]})
+    return Swing(out, segment, tuple(float(r) for r in rates), float(segment_s))
 
 
 def segment_latency(res: SimResult, swing: Swing) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from control.bench.swing import drifting_rates, segment_latency, segment_table, swing_rate
+from control.bench.swing import alternate_phases, drifting_rates, segment_latency, segment_table, swing_rate
 from control.bench.workloads import poisson
 from control.errors import ConfigError
 from control.executors.sim import SimResult
@@ -85,6 +85,36 @@ def test_bad_inputs_name_the_value():
         drifting_rates(np.zeros((base.n, 1)), sw, [1.2], 8.0)
 
 
+def test_alternating_phases_take_each_segments_requests_in_order_from_its_workload_at_its_rate():
+    short = poisson(3000, 2.0, "100", "50", seed=6)
+    long = poisson(3000, 1.0, "8000", "300", seed=7)
+    sw = alternate_phases([short, long], [3.0, 0.5], 100.0, 1200)
+    w = sw.workload
+    assert w.n == 1200 and (np.diff(w.arrival_s) > 0).all() and (np.diff(sw.segment) >= 0).all()
+    assert sw.segments > 4 and (np.floor(w.arrival_s / 100.0) == sw.segment).all()
+    even = sw.segment % 2 == 0
+    assert (w.prompt_tokens[even] == 100).all() and (w.prompt_tokens[~even] == 8000).all()
+    assert (w.output_tokens[~even] == 300).all()
+    counts = np.bincount(sw.segment)
+    for s in range(sw.segments - 1):  # the last segment is cut short by the request count
+        assert counts[s] / 100.0 == pytest.approx(sw.level(s), rel=0.3), (s, counts[s])
+    assert sw.level(0) == 3.0 and sw.level(1) == 0.5
+    # each phase's requests follow one another: the long phase's come from the start of its workload
+    assert int((~even).sum()) < long.n and w.notes["phase_rates_req_s"] == [3.0, 0.5]
+
+
+def test_alternating_phases_refuse_what_they_cannot_build():
+    a, b = poisson(50, 2.0, "128", "64", seed=8), poisson(50, 2.0, "900", "64", seed=9)
+    with pytest.raises(ConfigError, match="at least two"):
+        alternate_phases([a], [1.0], 10.0, 10)
+    with pytest.raises(ConfigError, match="one finite rate"):
+        alternate_phases([a, b], [1.0], 10.0, 10)
+    with pytest.raises(ConfigError, match="ran out of requests"):
+        alternate_phases([a, b], [1.0, 1.0], 10.0, 200)
+    with pytest.raises(ConfigError, match="no arrival in"):
+        alternate_phases([a, b], [1e-9, 1e-9], 1.0, 10)
+
+
 @pytest.mark.parametrize("pair,sku", [("a100-7b", "a100/llama-2-7b+llama-160m"),
                                       ("h100-8b", "h100/llama-3.1-8b+llama-3.2-1b")])
 def test_adaptive_swing_script_prints_per_segment_rows(tmp_path, pair, sku):
@@ -110,3 +140,28 @@ def test_adaptive_swing_script_prints_per_segment_rows(tmp_path, pair, sku):
     assert "adaptive / best static" in p.stdout and "bar (adaptive" in p.stdout
     assert p.stdout.startswith(f"profile {sku};")
     assert [r["acceptance"] for r in rows[:2]] == [0.9, 0.3] and rows[-1]["switching_ratio"] <= 1.0
+
+
+def test_adaptive_swing_script_alternates_phases(tmp_path):
+    """``--phase`` twice: each workload arrives in every other segment at its level of its own capacity."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cmd = [sys.executable, str(root / "benchmarks" / "adaptive_swing.py"), "--phase", "poisson:in=128,out=32",
+           "--phase", "poisson:in=4000,out=32", "--capacity", "8.0,2.0", "--levels", "0.5", "--segment-s", "20",
+           "--requests", "160", "--static", "none,fixed:2", "--policies", "adaptive", "--pair", "h100-8b",
+           "--json", str(tmp_path / "swing.json")]
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads((tmp_path / "swing.json").read_text())
+    rows = out["adaptive"]
+    assert out["capacity_req_s"] == [8.0, 2.0] and rows[-1]["requests"] == 160
+    assert [r["rate_req_s"] for r in rows[:2]] == [4.0, 1.0]
+    bad = subprocess.run(cmd[:-2] + ["--capacity", "8.0"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "one --capacity per phase" in bad.stderr
