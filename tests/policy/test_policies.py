@@ -157,15 +157,18 @@ def test_adaptive_is_context_aware_at_large_batch():
     assert long_.k.sum() > 0 and smart_long.k.sum() > 0  # the optimiser is context aware in both
 
 
-def test_adaptive_keeps_lagging_requests_plain_beyond_the_catchup_limit():
+def test_adaptive_lets_one_request_a_step_catch_up_beyond_the_catchup_limit():
+    """Requests whose draft is further behind than the limit stay plain, but the least behind of them:
+    its draft state is built by nothing else (a long prompt whose draft was not prefilled), so it
+    would never draft; one catch-up a step bounds the step's by one request's lag."""
     plan = compile_plan(make_profile(), max_k=8, gate=GateParams(max_catchup_tokens=100))
     pol = build_policy("adaptive", plan)
-    lag = np.array([[0, 0], [5000, 0], [50, 0]])
-    v = StepView.build(slots=[0, 1, 2], request_ids=[1, 2, 3], ctx_lens=[500] * 3, remaining=[100] * 3,
-                       drafters=("draft",), max_k=8, free_kv_slots=10**6, token_budget=10**6,
-                       draft_lag=lag[:, :1])
+    lag = np.array([[0], [5000], [3000], [50]])
+    v = StepView.build(slots=np.arange(4), request_ids=np.arange(1, 5), ctx_lens=[500, 5000, 3000, 500],
+                       remaining=[300] * 4, drafters=("draft",), max_k=8, free_kv_slots=10**6, token_budget=10**6,
+                       draft_lag=lag)
     d = pol.decide(v)
-    assert d.k[1] == 0 and d.k[0] > 0
+    assert d.k[1] == 0 and d.k[0] > 0 and d.k[2] > 0
 
 
 def test_adaptive_gate_switches_off_above_threshold_and_prefills_no_draft_state_while_off():
@@ -193,6 +196,26 @@ def test_draft_state_is_prefilled_only_by_a_policy_that_drafts_with_a_model_and_
     one = compile_plan(make_profile(), max_k=8, drafters=["draft"])
     d = build_policy("adaptive", one).decide(_view(np.random.default_rng(0), 4, step=1, drafters=("draft",)))
     assert d.k.max() > 0 and not d.prefill_draft
+
+
+def test_adaptive_with_one_drafter_prefills_long_prompts_while_its_gate_is_on():
+    """Short prompts build the draft state by catch-up; prompts over the catch-up limit (this
+    iteration's, or any while most of the batch's contexts are over it) prefill it, unless the gate
+    is off and nothing drafts."""
+    one = compile_plan(make_profile(), max_k=8, drafters=["draft"])
+    limit = one.gate.max_catchup_tokens
+    rng = np.random.default_rng(0)
+
+    def prefills(ctx, prefill_tokens=0, plan=one, n=4):
+        pol = build_policy("adaptive", plan)
+        return pol.decide(_view(rng, n, step=1, ctx=ctx, drafters=("draft",), prefill_tokens=prefill_tokens)).prefill_draft
+
+    assert not prefills(1000) and not prefills(1000, prefill_tokens=limit)
+    assert prefills(1000, prefill_tokens=limit + 1)
+    assert prefills(np.array([limit + 500, limit + 900, limit * 3, 800]))
+    assert not prefills(np.array([limit + 500, 700, 900, 800]))  # one long context is not a long-context phase
+    off = compile_plan(make_profile(), max_k=8, drafters=["draft"], gate=GateParams(b_off=2, probe_every_steps=10**6))
+    assert not prefills(limit * 2, prefill_tokens=limit * 2, plan=off, n=8)
 
 
 def test_adaptive_among_drafters_prefills_the_draft_model_only_while_it_is_the_likeliest_best():

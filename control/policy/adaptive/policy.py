@@ -267,12 +267,17 @@ class AdaptivePolicy(BasePolicy):
         return sp
 
     def _limit_catch_up(self, sp: StepPlan) -> None:
-        """No drafting this step for requests whose draft lags more than the gate's catch-up limit."""
+        """No drafting this step for requests whose draft lags more than the gate's catch-up limit,
+        but one of them: the least behind may catch up (its draft state is built by nothing else, so
+        a request whose prompt alone is over the limit would otherwise never draft; one such catch-up
+        per step bounds the step's spike by one prompt, which its own prefill already cost)."""
         lag, n = sp.lag, sp.n
         sp.lagged = bool(lag[0]) if n == 1 else bool(lag.any())
         limit = self.ctx.gate.max_catchup_tokens
         if sp.lagged and (lag[0] if n == 1 else lag.max()) > limit:
-            sp.cap = np.where(lag > limit, 0, sp.cap)
+            over = lag > limit  # (n,) bool
+            over[int(np.argmin(np.where(over, lag, np.iinfo(I64).max)))] = False
+            sp.cap = np.where(over, 0, sp.cap)
 
     def _granular(self, view: StepView, cap: np.ndarray) -> Decision:
         """On or off for the step, then k per request against drafting cost (the default drafter, at
@@ -297,13 +302,24 @@ class AdaptivePolicy(BasePolicy):
         return int(self._to_exec[fav])
 
     def wants_draft_prefill(self, view: StepView) -> bool:
-        """With one drafter, never: a request's draft state is built by catch-up in the first draft
-        pass that runs for it, which the optimiser prices; a separate prefill pass costs a whole pass
-        per prefill step and is wasted on requests that never draft (past the crossover). Among
-        several drafters, while most of the batch is expected to draft on a draft model
-        (``DrafterChoice.prefills``): new requests then prefill the favourite's state, so exploring
-        it charges them no catch-up of their prompt that another drafter is spared."""
-        return self.choice.prefills and not self.ctx.force_off and self.ctx.max_k > 0
+        """With one drafter, not for short prompts: a request's draft state is built by catch-up in
+        the first draft pass that runs for it, which the optimiser prices; a separate prefill pass
+        costs a whole pass per prefill step and is wasted on requests that never draft (past the
+        crossover). Among several drafters, while most of the batch is expected to draft on a draft
+        model (``DrafterChoice.prefills``): new requests then prefill the favourite's state, so
+        exploring it charges them no catch-up of their prompt that another drafter is spared.
+        Either way, while the gate is on, long prompts prefill it: those of this iteration when
+        together they are over the catch-up limit, or any while most of the batch's contexts are
+        (a long-context phase; an executor that prefills in iterations of their own decides this a
+        step ahead, before it knows the prompts). A catch-up over the limit would not run, and a
+        pass's fixed cost is little beside theirs."""
+        if self.ctx.force_off or self.ctx.max_k <= 0:
+            return False
+        if self.choice.prefills:
+            return True
+        limit = self.ctx.gate.max_catchup_tokens
+        long = view.prefill_tokens > limit or int((view.ctx_lens > limit).sum()) * 2 > view.n
+        return long and self.gate_stage.gate.on
 
     # -- observe ---------------------------------------------------------------------------------
     def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray, uniform: bool, asked: np.ndarray) -> np.ndarray:
