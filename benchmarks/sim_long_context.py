@@ -71,8 +71,8 @@ def run_recording(setup: SimSetup, w, spec: str, seed: int, pred: list | None = 
     orig = simrun.make_policy
     last = {}
 
-    def make(s, plan, engine, sd):
-        pol = orig(s, plan, engine, sd)
+    def make(s, plan, engine, sd, *more):  # make_policy's own arguments, whatever they grow to
+        pol = orig(s, plan, engine, sd, *more)
         decide, observe = pol.decide, pol.observe
 
         def recording(view):

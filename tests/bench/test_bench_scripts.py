@@ -178,3 +178,25 @@ def test_steady_bar_reads_the_best_fixed_k_and_the_crossover(tmp_path):
     # past the crossover (none is the best fixed k): adaptive 4% over none misses
     assert (high["best_k"], high["past_crossover"], high["ok"]) == (0, True, False)
     assert "**miss**" in mod.markdown("t", 10.0, [low, high], [])
+
+
+def test_long_context_recording_records_each_decode_step_of_a_run(monkeypatch):
+    """``benchmarks/sim_long_context.run_recording`` (behind sim_switch_off.py's runs) wraps
+    ``simrun.make_policy`` whatever arguments it takes, and records every decode step's contexts and k."""
+    import importlib.util
+    import sys
+
+    from control.bench import simrun
+    from control.bench.workloads import poisson
+
+    spec = importlib.util.spec_from_file_location("sim_long_context", ROOT / "benchmarks" / "sim_long_context.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)
+    spec.loader.exec_module(mod)
+    w = poisson(40, 4.0, "lognormal:600:200", "32", seed=1)
+    setup = SimSetup(make_profile(), w)
+    steps: list[int] = []
+    before = simrun.make_policy
+    res, ctx, k = mod.run_recording(setup, w, "fixed:2", 0, steps=steps)
+    assert simrun.make_policy is before and ctx.size == k.size == sum(steps) > 0
+    assert (k == 2).mean() > 0.5 and res.output_tokens.sum() == w.output_tokens.sum()
