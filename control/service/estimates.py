@@ -172,6 +172,7 @@ class CostRefit:
                 + t.d_ms_per_request * np.asarray(s.batch, dtype=np.float64)
                 + t.c_ms + self.base.overhead_ms)
         drafted = np.asarray(s.drafted) > 0  # [n]
+        caught = _caught_up(s)  # [n]
         which = np.asarray(s.drafter, dtype=np.int64)  # [n] drafter index; -1: several in one step
         ok = ~(drafted & (which < 0))  # several drafters in one step: no single model to predict with
         for di, d in enumerate(batch.drafters):  # vectorised per drafter (one window has few)
@@ -186,7 +187,7 @@ class CostRefit:
                 m = self.coeffs[key]
                 pred[sel] += (m.a_ms_per_ctx_token * np.asarray(s.draft_ctx_tokens, dtype=np.float64)[sel]
                               + m.b_ms_per_batched_token * np.asarray(s.draft_batched_tokens, dtype=np.float64)[sel]
-                              - self._seq_ms[key] * _caught_up(s)[sel]
+                              - self._seq_ms[key] * caught[sel]
                               + m.c_ms * np.asarray(s.draft_passes, dtype=np.float64)[sel] + entry.cost_ms)
             else:
                 ok[sel] = False  # self-speculation: the draft side's cost is not a model of its own
@@ -216,6 +217,7 @@ class CostRefit:
         dms = np.asarray(s.draft_ms, dtype=np.float64)
         passes = np.asarray(s.draft_passes, dtype=np.float64)
         drafter = np.asarray(s.drafter)
+        caught = _caught_up(s)  # (n,)
         for di, name in enumerate(names):
             if name not in self._draft_model:
                 continue
@@ -223,7 +225,7 @@ class CostRefit:
             sel = (drafter == di) & (passes > 0) & (dms > 0)
             if sel.any():
                 # the fit is of the drafted-token price: a caught-up token's missing d is added back
-                y = np.maximum(dms - const, 0.0) + self._seq_ms[key] * _caught_up(s)
+                y = np.maximum(dms - const, 0.0) + self._seq_ms[key] * caught
                 rows = np.stack([np.asarray(s.draft_ctx_tokens, dtype=np.float64), np.asarray(s.draft_batched_tokens, dtype=np.float64),
                                  passes, y], axis=1)[sel]
                 self.windows[key].add(rows)

@@ -317,9 +317,10 @@ class AdaptivePolicy(BasePolicy):
             return False
         if self.choice.prefills:
             return True
+        if not self.gate_stage.gate.on:  # before the batch's contexts are looked at (every step)
+            return False
         limit = self.ctx.gate.max_catchup_tokens
-        long = view.prefill_tokens > limit or int((view.ctx_lens > limit).sum()) * 2 > view.n
-        return long and self.gate_stage.gate.on
+        return view.prefill_tokens > limit or int((view.ctx_lens > limit).sum()) * 2 > view.n
 
     # -- observe ---------------------------------------------------------------------------------
     def _tried(self, outcome: StepOutcome, d_ctx: np.ndarray, uniform: bool, asked: np.ndarray) -> np.ndarray:
