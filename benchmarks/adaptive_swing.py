@@ -97,13 +97,18 @@ def build_swing(args, levels: list[float]):
     from control.bench.swing import alternate_phases, swing_rate
     from control.errors import ConfigError
 
-    caps = [float(x) for x in args.capacity.split(",")] if args.capacity else []
+    try:
+        caps = [float(x) for x in args.capacity.split(",")] if args.capacity else []
+    except ValueError:
+        raise ConfigError(f"--capacity {args.capacity}: give req/s as numbers, one per --phase, comma-separated") from None
     if not args.phase:
         setup = build_setup(args.profile, args.workload, args.max_k, args.pair)
         capacity = caps[0] if caps else measure_capacity(setup)
         return setup, swing_rate(setup.workload, [x * capacity for x in levels], args.segment_s, args.requests), [capacity]
     prof = build_profile(args.profile, args.pair)
     names = args.phase
+    if len(names) < 2:
+        raise ConfigError(f"--phase {names[0]}: give --phase at least twice (the workloads that alternate)")
     if len(levels) == 1:
         levels = levels * len(names)
     if len(levels) != len(names) or (caps and len(caps) != len(names)):
