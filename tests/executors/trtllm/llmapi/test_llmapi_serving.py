@@ -64,6 +64,7 @@ def test_greedy_output_equals_the_reference_engine(llmapi, reference_greedy, mod
     texts = [prompt_text(i) for i in range(3)]
     want = reference_greedy([ids_of(t) for t in texts], MAX_TOKENS)
     drafted = 0
+    chunks = []
     for text, ids in zip(texts, want, strict=True):
         p = GenParams(max_tokens=MAX_TOKENS)
         streamed = grpc_generate(llmapi.grpc_url, text, p, model=model)
@@ -72,9 +73,13 @@ def test_greedy_output_equals_the_reference_engine(llmapi, reference_greedy, mod
         for got in (streamed, by_ids, whole):
             assert got.token_ids == ids
             assert got.text == decode(ids)
-        assert len(streamed.chunk_times) >= 2 and len(whole.chunk_times) == 1  # one response per delta, or one
+        assert sum(streamed.chunk_tokens) == len(ids) and len(whole.chunk_times) == 1
+        chunks.append(len(streamed.chunk_times))
         assert 0 <= streamed.accepted <= streamed.drafted
         drafted += streamed.drafted
+    # one response per run of deltas the host loop drains together: several per stream, though a
+    # stalled loop on a busy machine may find a whole short stream done at once (CI saw 24 tokens in one)
+    assert max(chunks) >= 2, chunks
     if model == "llm":  # TensorRT-LLM's draft model ran (the schedule's k at batch 1): speculation was on
         assert drafted > 0
 
