@@ -161,15 +161,18 @@ def run_policy(setup: SimSetup, workload: Workload, spec: str, seed: int, rates:
 
     ``oracle`` runs several times on the same arrivals and outcomes: first maximising each step's
     goodput, then maximising tokens - price * step time with the price set to the goodput (tokens
-    per busy ms) of its previous run (Dinkelbach on the run's goodput). Per-step choices cannot see
-    that finishing a request early changes later batches (at light load a plain token later costs
-    less than the run's average), so every fixed k is run too: the run with the least busy time,
-    hence the highest goodput, in hindsight is its result."""
+    per busy ms) of its previous run (Dinkelbach on the run's goodput), until the price repeats.
+    Per-step choices cannot see that finishing a request early changes later batches (at light load
+    a plain token later costs less than the run's average), so every fixed k is run too: the run
+    with the least busy time, hence the highest goodput, in hindsight is its result."""
     if spec == RATE_ORACLE or parse_policy_spec(spec).name != "oracle":
         return _simulate(setup, workload, spec, seed, rates=rates)
     best = res = _simulate(setup, workload, spec, seed, rates=rates)
+    price = None
     for _ in range(ORACLE_PRICE_ROUNDS):
-        price = float(res.output_tokens.sum()) / (res.busy_s * 1000.0)
+        last, price = price, float(res.output_tokens.sum()) / (res.busy_s * 1000.0)
+        if price == last:
+            break  # a run is a function of its price: the next round would repeat the last
         res = _simulate(setup, workload, spec, seed, price, rates=rates)
         if res.busy_s < best.busy_s:
             best = res

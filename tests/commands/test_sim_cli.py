@@ -18,11 +18,11 @@ def profile_path(tmp_path_factory):
     return out
 
 
-def _sim(profile_path, tmp_path, tag, seeds="2", extra=()):
+def _sim(profile_path, tmp_path, tag, seeds="2", extra=(), policies="none,fixed:3,adaptive,oracle"):
     js = tmp_path / f"{tag}.json"
     md = tmp_path / f"{tag}.md"
     rc = main(["sim", "--profile", str(profile_path), "--workload", "poisson:in=lognormal:200:100,out=lognormal:100:50",
-               "--loads", "0.3,0.9", "--policies", "none,fixed:3,adaptive,oracle", "--seeds", seeds, "--requests", "150",
+               "--loads", "0.3,0.9", "--policies", policies, "--seeds", seeds, "--requests", "150",
                "--json", str(js), "--report", str(md), *extra])
     assert rc == 0
     return js, md
@@ -47,8 +47,10 @@ def test_sim_writes_schema_report_and_plots_and_is_deterministic(profile_path, t
     assert "no-speculation capacity" in err
     # captured output is no terminal: the progress is plain lines (a start and the last of 16 runs)
     assert "simulating: started (16 steps)" in err and "simulating: 16/16, " in err
-    js2, _ = _sim(profile_path, tmp_path, "b")
-    assert json.loads(js2.read_text())["results"] == doc["results"]
+    # run again without the oracle: it is the best of its own runs and fixed k's, and takes most of the time
+    js2, _ = _sim(profile_path, tmp_path, "b", policies="none,fixed:3,adaptive")
+    again = json.loads(js2.read_text())["results"]
+    assert again == [r for r in doc["results"] if r["policy"] != "oracle"] and len(again) == 2 * 2 * 3
 
 
 @pytest.mark.parametrize("argv,match", [
