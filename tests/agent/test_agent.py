@@ -37,7 +37,8 @@ def test_without_a_service_the_agent_decides_as_its_default_policy_and_drops_tel
     assert s.plan_source == "default" and s.policy == "adaptive" and s.policy_errors == 0
     assert s.connect_failures >= 2 and not s.connected and s.telemetry_sent == 0
     assert s.dropped_windows > 0 and s.dropped_steps > 0 and s.queued_windows <= 3
-    assert max(stats.decide_s) < 0.25, max(stats.decide_s)
+    # That decide never waits on the network is checked in test_restart.py, against a hung service whose
+    # waits (2 s) stand clear of scheduling noise; here the network's waits (backoff <= 0.3 s) do not.
     # The agent on its default plan decides exactly as the plain policy would.
     bare = build_policy("adaptive", compile_plan(profile))
     twin = SyntheticEngine(bare, profile.step_cost(), batch=12, seed=3)
