@@ -250,6 +250,36 @@ def test_replay_bar_over_several_policy_seeds_reports_the_mean_and_the_worst(tmp
     assert bad.returncode == 2 and "--seeds 0" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_replay_bar_over_several_arrival_orders_keeps_the_records_own_first(tmp_path):
+    """--orders 2: the record's own order, then a permutation of it, each against its own best fixed
+    configuration; order 0's ratio is what --orders 1 reports, the worst is over both orders; --orders 0
+    is refused."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = [sys.executable, str(root / "benchmarks" / "replay_bar.py"), "--batches", "32"]
+    rows = {}
+    for n in (1, 2):
+        p = subprocess.run([*script, "--orders", str(n), "--json", str(tmp_path / f"rows{n}.json")], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert ("arrival orders: the record's own and 1 permutations" in p.stdout) == (n == 2)
+        assert ("adaptive worst of 2 orders x 1 seed" in p.stdout) == (n == 2)
+        rows[n] = json.loads((tmp_path / f"rows{n}.json").read_text())[0]
+    one, two = rows[1]["adaptive"], rows[2]["adaptive"]
+    assert len(one["per_seed"]) == 1 and len(two["per_seed"]) == 2 and len(rows[2]["best_fixed_by_order"]) == 2
+    assert two["per_seed"][0] == one["vs_best"] and rows[2]["best_fixed"] == rows[1]["best_fixed"]
+    assert two["per_seed"][1] != two["per_seed"][0]  # another arrival order is another path
+    assert two["vs_best_min"] == min(two["per_seed"]) and two["vs_best"] == pytest.approx(sum(two["per_seed"]) / 2)
+    bad = subprocess.run([*script, "--orders", "0"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--orders 0" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_replay_bar_repeat_serves_the_record_several_times_over(tmp_path):
     """--repeat 2: every request of the record arrives twice, so each run generates twice the tokens
     and prefills every request twice; the header says so; --repeat 0 is refused."""
