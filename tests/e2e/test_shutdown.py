@@ -112,10 +112,15 @@ def test_stopping_ends_the_requests_in_flight_with_a_message(quick_engines, tmp_
         stop_s = time.monotonic() - t0
         for c in clients:
             c.stop_stream()
-    other = [e for e in errors if not ("the server is stopping" in e and "retry it" in e)]
-    assert len(errors) == STREAMS and not other, (len(errors), other)  # (the errors that are not the drain's)
+    # A request the model had when the drain came is ended mid-flight; one that reached it later (the
+    # streams open one by one, and a busy machine may hold some back) is refused on arrival. Either
+    # way its stream ends with the stop's message, and the drain counts those it ended.
+    ended = [e for e in errors if "the server is stopping: this request ended after" in e and "retry it" in e]
+    refused = [e for e in errors if "the server is stopping; retry this request once it is back" in e]
+    other = [e for e in errors if e not in ended and e not in refused]
+    assert len(errors) == STREAMS and not other and ended, (len(errors), other)  # (the errors that are not the drain's)
     log = (tmp_path / "run" / "tritonserver.log").read_text()
-    assert f"drained: {STREAMS} requests in flight ended" in log, log[-3000:]
+    assert f"drained: {len(ended)} requests in flight ended" in log, log[-3000:]
     # An open stream holds the model past its unload (Triton 2.51): the stop gives up on it after
     # DRAINED_STOP_S, where it used to wait out the exit timeout and then tritonserver's abort.
     assert stop_s < EXIT_TIMEOUT_S + PROMPT_STOP_S, f"stopping took {stop_s:.1f} s"
