@@ -5,6 +5,7 @@ from scipy.optimize import linear_sum_assignment
 
 from control.policy.bandit import DrafterBandit
 from control.policy.gate import Gate
+from tests.policy.test_drafter_rates import measure
 
 
 def test_gate_makes_O1_transitions_when_batch_oscillates_around_the_threshold():
@@ -161,12 +162,16 @@ def test_adaptive_explores_a_drafter_in_proportion_to_its_chance_of_being_best()
     assert np.isclose(rival.sum(), 1.0) and 0.1 < rival[1] < 0.9  # a plausible rival is explored
     pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.05})
     assert _explore(pol, view, allowed)[1] < 0.05  # a drafter the profile rates hopeless is not
-    # measurements move it: the rival measured at 0.2 over 400 trials is dropped
+    # measurements move it: the rival measured at 0.2 beside the draft model at 0.75 is dropped
     pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
-    pol.pos[1].update(np.full(400, 1), (np.arange(400) % 5 == 0).astype(np.int64))
+    for _ in range(20):  # taking turns, 120 requests of 5 steps in all
+        measure(pol.choice, 0, lambda p: 0.75, requests=2, steps=5)
+        measure(pol.choice, 1, lambda p: 0.2, requests=4, steps=5)
     assert _explore(pol, view, allowed)[1] < 0.05
     # ... and measured at 0.95 it wins
-    pol.pos[1].update(np.full(4000, 1), (np.arange(4000) % 20 != 0).astype(np.int64))
+    for _ in range(20):
+        measure(pol.choice, 0, lambda p: 0.75, requests=2, steps=5)
+        measure(pol.choice, 1, lambda p: 0.95, requests=4, steps=5)
     assert _explore(pol, view, allowed)[1] > 0.9
     assert _explore(pol, view, np.array([True, False]))[1] == 0.0  # not run by the executor
 
@@ -175,25 +180,33 @@ def test_adaptive_exploration_weighs_a_drafters_evidence_by_request_steps_not_po
     """The draft model measured at a chain rate of 2/3 over 120 positions: from 40 drafts of 8 tokens
     (two accepted, the third rejected) that is 40 pieces of evidence, from 120 one-token drafts 120. With
     n-gram the favourite (measured at 0.5), the draft model measured by few long drafts is explored more,
-    and as favourite (measured at 0.8) its lead is less sure. (4,096 draws: smooth probabilities.)"""
+    and as favourite (measured at 0.8) its lead is less sure. Both over 40 requests, the evidence kept
+    whole (no decay). (4,096 draws: smooth probabilities.)"""
+    import control.policy.adaptive.drafter_rates as drafter_rates
     import control.policy.adaptive.drafters as drafters
 
     monkeypatch.setattr(drafters, "THOMPSON_SAMPLES", 4096)
+    monkeypatch.setattr(drafter_rates, "POSITION_DECAY", 1.0)
     allowed = np.array([True, True])
 
-    def p_draft(verified, accepted):
+    def p_draft(successes, trials):
         pol, view = _adaptive_two_drafters({"draft": 0.75, "ngram": 0.6})
         pol.choice.prices = None  # exact prices: the acceptance evidence alone
-        pol.pos[0].update(verified, accepted)
-        pol.pos[1].update(np.full(400, 1), np.arange(400) % 2)
-        return _explore(pol, view, allowed)[0], pol.pos[0].totals
+        measure(pol.choice, 1, lambda p: 0.5, requests=40, steps=10)
+        per_request = len(trials) // 40
+        slot, yes = np.array([0]), np.array([True])
+        for j, (s, t) in enumerate(zip(successes, trials, strict=True)):
+            if j % per_request == 0:
+                pol.choice.reset(slot)
+            pol.choice.learn(slot, np.array([0]), np.array([s]), np.array([t]), yes, np.array([s]))
+        return _explore(pol, view, allowed)[0], tuple(pol.choice.evidence.counts[:2, 0].sum(axis=1))
 
-    deep, deep_totals = p_draft(np.full(40, 8), np.full(40, 2))
-    shallow, shallow_totals = p_draft(np.full(120, 1), (np.arange(120) % 3 != 0).astype(np.int64))
+    deep, deep_totals = p_draft([2] * 40, [3] * 40)
+    shallow, shallow_totals = p_draft((np.arange(120) % 3 != 0).astype(int), [1] * 120)
     assert deep_totals == shallow_totals == (80.0, 120.0)
-    assert deep > 2 * shallow > 0
-    lead_deep, _ = p_draft(np.full(40, 8), np.full(40, 4))
-    lead_shallow, _ = p_draft(np.full(200, 1), (np.arange(200) % 5 != 0).astype(np.int64))
+    assert deep > 1.3 * shallow > 0  # (counted by positions tried, the two would be equal)
+    lead_deep, _ = p_draft([4] * 40, [5] * 40)
+    lead_shallow, _ = p_draft((np.arange(200) % 5 != 0).astype(int), [1] * 200)
     assert 0.5 < lead_deep < lead_shallow
 
 
@@ -491,7 +504,7 @@ def test_adaptive_drafter_state_says_what_the_choice_rests_on():
     assert set(state["drafters"]) == {"small", "tiny"}
     assert state["drafters"]["tiny"]["chain_rate"] == 0.7 and state["drafters"]["tiny"]["request_steps"] == 0
     assert state["drafters"]["tiny"]["value"] is None  # no exploiting decision yet
-    pol.pos[0].update(np.full(400, 1), (np.arange(400) % 10 != 0).astype(np.int64))  # small measured at 0.9
+    measure(pol.choice, 0, lambda p: 0.9, requests=40, steps=10)  # small measured at 0.9
     n = 4
     view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 200),
                           remaining=np.full(n, 100), drafters=("small", "tiny"), max_k=6, free_kv_slots=10**6,
@@ -499,7 +512,8 @@ def test_adaptive_drafter_state_says_what_the_choice_rests_on():
     best = pol.choice.exploit_best(view, np.array([True, True]), pol._to_exec, pol.cost)
     state = pol.drafter_state()
     small, tiny = state["drafters"]["small"], state["drafters"]["tiny"]
-    assert small["request_steps"] == 400 and 0.85 < small["chain_rate"] < 0.9 and small["sd"] < tiny["sd"]
+    assert 150 < small["request_steps"] < 400  # decayed by POSITION_DECAY a step
+    assert 0.85 < small["chain_rate"] < 0.9 and small["sd"] < tiny["sd"]
     values = [small["value"], tiny["value"]]
     assert min(values) > 0 and int(np.argmax(values)) == best
     one = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, drafters=["tiny"]))

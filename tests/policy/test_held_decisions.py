@@ -228,10 +228,14 @@ def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_little_
     """Held between refreshes, the bandit's stages last as many steps as when it decides every step
     (its clock counts the held steps), and whatever the refresh period, two drafters cost little over
     the better one alone: over 24 workload seeds, busy time 0.5% over the draft model alone's on the
-    mean, 1% on at most two seeds, 3% on none, and the loser gets under 2% of the trials on most seeds
+    mean, 1% on at most two seeds, 3% on none, and the loser gets under 3% of the trials on most seeds
     and most of them on at most one. (Seeds under 2% at periods 1 / auto / 2 were 16 / 20 / 18, and 15 /
     18 / 15 once a new request's pace started from the batch's, busy time unchanged: the count moves by
-    a seed or two with any change of path; docs/decisions.md, 2026-11-27, stop 38.)
+    a seed or two with any change of path; docs/decisions.md, 2026-11-27, stop 38. Since the drafter
+    posterior counts a request's steps as one request's evidence, it is less sure and explores the
+    loser a little more: under 2% on 12 / 14 / 10 seeds, under 3% on 16 / 18 / 20, none over 50%, busy
+    time 1.0017 / 1.0010 / 1.0009 on the mean and at most 1.011, against 1.0020 / 1.0005 / 1.0011 and
+    1.017 before; docs/decisions.md, 2026-11-29.)
 
     While rewards were tokens per ms, which grow with the batch, the loser, explored at larger batches,
     looked better, and seeds 6 and 11 drifted to it at every period (76% and 98% of the trials, 1.5-2%
@@ -245,7 +249,7 @@ def test_held_decisions_with_the_drafter_bandit_explore_a_measured_loser_little_
         ratio = np.array([pol.busy_s for _, pol in runs]) / alone  # (24,)
         share = np.array([t[1] / t.sum() for t, _ in runs])  # (24,) the loser's share of the trials
         assert ratio.mean() <= 1.005 and (ratio > 1.01).sum() <= 2 and ratio.max() <= 1.03, (every, ratio)
-        assert (share < 0.02).sum() >= 15 and (share > 0.5).sum() <= 1, (every, share)
+        assert (share < 0.03).sum() >= 15 and (share > 0.5).sum() <= 1, (every, share)
         assert all(t[0] > 100 and t[1] > 0 for t, _ in runs)  # both were tried
         if every is None:
             assert all(1 < pol.held.every <= REFRESH_EVERY for _, pol in runs)

@@ -218,10 +218,14 @@ def test_adaptive_with_one_drafter_prefills_long_prompts_while_its_gate_is_on():
     assert not prefills(limit * 2, prefill_tokens=limit * 2, plan=off, n=8)
 
 
-def test_adaptive_among_drafters_prefills_the_draft_model_only_while_it_is_the_likeliest_best():
+def test_adaptive_among_drafters_prefills_the_draft_model_only_while_it_is_the_likeliest_best(monkeypatch):
     """Beside n-gram, new requests prefill the draft model's state while the profile (before any step)
     or the exploration's draws make it the likeliest best drafter; where n-gram is (a draft model
-    slower per token than the target, as on the quick CPU pair) they do not."""
+    slower per token than the target, as on the quick CPU pair) they do not. (4,096 draws: the draft
+    model is best in 57% of them, which 32 draws can miss.)"""
+    import control.policy.adaptive.drafters as drafters
+
+    monkeypatch.setattr(drafters, "THOMPSON_SAMPLES", 4096)
     view = _view(np.random.default_rng(0), 4, step=1)
     model_best = build_policy("adaptive", compile_plan(make_profile(), max_k=8))
     d = model_best.decide(view)

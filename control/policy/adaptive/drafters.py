@@ -2,18 +2,13 @@
 
 Exploration draws each drafter with its posterior probability of being the best (Thompson):
 
-    rate_i ~ Normal(mean_i, sd_i),  mean_i = (s_i + prior_i * PRIOR_TRIALS * c_i) / (t_i + PRIOR_TRIALS * c_i),
-    sd_i = sqrt(mean_i (1 - mean_i) / (n_i + PRIOR_TRIALS + 1))     (Beta's normal approximation)
-    n_i = drafting request-steps (first-position trials), c_i = t_i / n_i (trials per request-step)
+    v ~ Normal(mean, cov)   (each drafter's log-odds chain rate at the workload's position mix,
+                             ``drafter_rates.py``: compared at like places in a request), rate_i = sigmoid(v_i)
     best_i = max_k (1 - rate_i^(k+1)) / (1 - rate_i) / (T_i(n, S, k) + (D_i(n, S, k) + catch-up_i) (x_i - 1))
     P(i) = share of THOMPSON_SAMPLES draws in which drafter i has the largest best_i.
 
 T_i includes the drafting part D_i and the catch-up; x_i is a draw of the draft model's price against
 the profile's (``draft_prices.py``) while the cost refit still prices it at the profile, else 1.
-
-The width counts request-steps, not the positions tried: one draft's positions are one chain (it
-stops at its first rejection, and neighbouring tokens are accepted together), so s_i / t_i is the
-chain rate but t_i overstates the evidence by the draft length.
 
 Requests the bandit puts on different draft models in one step all move to one of them (each model
 in a step pays its own k passes): the most used one, or while exploring the one likeliest best, the
@@ -58,6 +53,7 @@ from control.goodput.estimators import PositionRates
 from control.goodput.stepcost import DrafterKind, StepCostModel, uniform_step_ms
 from control.plan import typical_ctx
 from control.policy.adaptive.draft_prices import DraftPrices
+from control.policy.adaptive.drafter_rates import DrafterEvidence, RatePosterior
 from control.policy.adaptive.probes import PROBE_TRIALS
 from control.policy.adaptive.step_plan import StepPlan
 from control.policy.adaptive.survival import is_uniform
@@ -66,8 +62,6 @@ from control.policy.bandit import DrafterBandit
 from control.policy.base import I64, PolicyContext
 from control.policy.types import StepOutcome, StepView
 
-PRIOR_TRIALS = 8.0  # request-steps the profile's acceptance is worth in the exploration posterior: its Beta
-# has a std of 0.14-0.17 at rates 0.6-0.8, about the spread of acceptance across held-out prompts
 THOMPSON_SAMPLES = 32  # posterior draws per exploring step
 EXPLORE_KEEP = 0.1  # an explored drafter keeps its chunk while its chance of being best stays above this:
 # below it a long shot costs more steps than it can teach (the evidence of a step or two already says so)
@@ -103,9 +97,11 @@ class DrafterChoice:
             self.bandit.keep_p = EXPLORE_KEEP
             self.bandit.prior_slots = REWARD_PRIOR_STEPS
         self._rng = np.random.default_rng(seed)
+        self.evidence = DrafterEvidence(m)  # the chain trials the drafter posterior reads (``drafter_rates.py``)
         self.prices = prices  # the draft models' measured prices against the profile's (None: exact prices)
         self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self.is_ngram = np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)  # (m,)
+        self._rates = RatePosterior(self.is_ngram)
         self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
         # new requests may prefill a draft model's state: a bandit among drafters with no capacities, at
         # least one of them a draft model (module doc); ``prefills``: they do now, the state of ``fav``
@@ -216,8 +212,9 @@ class DrafterChoice:
     def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:
         """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc)."""
         m = len(self.ctx.drafters)
-        mean, sd = self._posterior()
-        rate = np.clip(mean + sd * self._rng.standard_normal((THOMPSON_SAMPLES, m)), 0.0, MAX_RATE)  # (S, m)
+        mean, cov = self._rates(self.ctx.prior_rate, self.evidence)  # (m,), (m, m) log-odds
+        v = mean + self._rng.standard_normal((THOMPSON_SAMPLES, m)) @ np.linalg.cholesky(cov).T  # (S, m)
+        rate = np.minimum(1.0 / (1.0 + np.exp(-v)), MAX_RATE)  # (S, m)
         mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
         best = self._values(view, to_exec, cost, rate, mult, self._lookup_share())  # (S, m)
         if not allowed.all():
@@ -239,14 +236,14 @@ class DrafterChoice:
         exploration draws around (median), the goodput the last exploiting decision modelled (tokens
         per ms per request, null before one), the exploration chance, plus the favourite and the stage."""
         mean, sd = self._posterior()
-        steps = [float(p.trials[0]) for p in self.pos]
+        steps = self.evidence.counts[2].sum(axis=1)  # (m,) drafting request-steps (decayed)
         med = self.prices.medians() if self.prices is not None else None
         b = self.bandit
         p = b.explore_p if b is not None and b.explore_p is not None else None
         per = {}
         for i, name in enumerate(self.ctx.drafters):
             per[name] = {"chain_rate": round(float(mean[i]), 4), "sd": round(float(sd[i]), 4),
-                         "request_steps": round(steps[i], 1),
+                         "request_steps": round(float(steps[i]), 1),
                          "price_x": None if med is None else round(float(med[0, i]), 3),
                          "value": None if self._last_values is None else round(float(self._last_values[i]), 5),
                          "p_best": None if p is None else round(float(p[i]), 3)}
@@ -257,14 +254,21 @@ class DrafterChoice:
                 "exploit": self.ctx.drafters[self.exploit] if 0 <= self.exploit < len(self.ctx.drafters) else None}
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        """(m,) mean and (m,) sd of each drafter's chain rate (module doc)."""
-        st = np.array([p.totals for p in self.pos])  # (m, 2): successes, trials over every position
-        steps = np.array([float(p.trials[0]) for p in self.pos])  # (m,) drafting request-steps
-        per_step = np.where(steps > 0.0, st[:, 1] / np.maximum(steps, MIN_STEPS), 1.0)  # (m,) trials per request-step
-        a = st[:, 0] + self.ctx.prior_rate * PRIOR_TRIALS * per_step  # (m,)
-        t = st[:, 1] + PRIOR_TRIALS * per_step
-        mean = a / t
-        return mean, np.sqrt(mean * (1.0 - mean) / (steps + PRIOR_TRIALS + 1.0))
+        """(m,) mean and (m,) sd of each drafter's chain rate (the log-odds posterior's, mapped)."""
+        mean, cov = self._rates(self.ctx.prior_rate, self.evidence)
+        rate = 1.0 / (1.0 + np.exp(-mean))  # (m,)
+        return rate, np.sqrt(np.diag(cov)) * rate * (1.0 - rate)
+
+    def learn(self, slots: np.ndarray, d_ctx: np.ndarray, s: np.ndarray, t: np.ndarray, spec: np.ndarray | None,
+              accepted: np.ndarray) -> None:
+        """One step's chain trials for the drafter posterior (``DrafterEvidence.learn``; no bandit: nothing)."""
+        if self.bandit is not None:
+            self.evidence.learn(slots, d_ctx, s, t, spec, accepted)
+
+    def reset(self, slots: np.ndarray) -> None:
+        """New requests in ``slots`` (their positions in the request start again)."""
+        if self.bandit is not None:
+            self.evidence.reset(slots)
 
     def _values(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel, rate: np.ndarray,
                 mult: np.ndarray | None, share: np.ndarray | None) -> np.ndarray:

@@ -178,6 +178,7 @@ class AdaptivePolicy(BasePolicy):
         without the bandit (-1: none, the bandit assigns them at the next full decision)."""
         self.optimiser.reset(slots)
         self.acceptance.reset(slots)
+        self.choice.reset(slots)
         if self.bandit is not None:
             self.bandit.reset(slots)
             if drafter >= 0:
@@ -399,6 +400,7 @@ class AdaptivePolicy(BasePolicy):
             self.acceptance.learn_request(outcome.slots, d_ctx, s, t, spec, uniform)
             rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence,
                      uniform, outcome.ngram_avail)
+        self.choice.learn(outcome.slots, d_ctx, s, t, spec, outcome.accepted)
         self._refit(outcome, d_ctx, uniform)
         if self.bandit is not None and not self.choice.whole_batch:  # rewards feed the matching alone
             mine = self.choice.rewarded(outcome, d_ctx, spec)

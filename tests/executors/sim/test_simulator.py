@@ -202,9 +202,11 @@ def test_several_drafters_each_with_their_own_cost_and_acceptance():
     whole chunks of steps the way uniform exploration would. It is tried again as its evidence ages
     (every drafter's counts decay with the steps, docs/decisions.md 2026-11-26): 4.5% of the trials
     on this seed, where keeping the first measurement for ever gave under 1% and a posterior that
-    counted every drafted position as independent evidence 2.7% (docs/decisions.md, 2026-11-27). How
-    often such re-exploration turns into drift, over many seeds, is
-    ``tests/policy/test_held_decisions.py``'s to bound."""
+    counted every drafted position as independent evidence 2.7% (docs/decisions.md, 2026-11-27).
+    Since a request's steps count as one request's evidence, 10% on this seed and 1-2% on seeds 1-5
+    and 7: its modelled goodput is within 2% of the draft model's here, and the run's busy time is
+    0.5% over the draft model alone's (docs/decisions.md, 2026-11-29). How often such re-exploration
+    turns into drift, over many seeds, is ``tests/policy/test_held_decisions.py``'s to bound."""
     prof = make_profile(acceptance={"draft": 0.75, "ngram": 0.6})
     w = poisson(300, 30.0, "200", "lognormal:120:40", seed=6)
     setup = SimSetup(prof, w, acceptance_overrides={"draft": 0.75, "ngram": 0.45})
@@ -222,6 +224,6 @@ def test_several_drafters_each_with_their_own_cost_and_acceptance():
                     w.output_tokens, proc, setup.config(0))
     eng.run(Observing(build_policy("adaptive", setup.plan(), seed=0), count))
     assert seen[0][1] > 100 and seen[1][1] >= 10  # both drafters were used
-    assert seen[0][1] > 20 * seen[1][1]  # ... and the measured loser was not explored on and on
+    assert seen[0][1] > 8 * seen[1][1]  # ... and the measured loser was not explored on and on
     rate = {d: seen[d][0] / seen[d][1] for d in (0, 1)}  # per-trial acceptance (chain MLE)
     assert rate[0] > rate[1] + 0.2
