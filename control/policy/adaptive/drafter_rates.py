@@ -142,30 +142,46 @@ class RatePosterior:
             return self._out
         if self._prior is None or not np.array_equal(self._prior, prior):
             self._prior = np.array(prior, dtype=np.float64)
-            self._prec0 = np.linalg.inv(prior_cov(self._prior, self.is_ngram))  # (m, m)
+            self._prec0 = spd_inverse(prior_cov(self._prior, self.is_ngram))  # (m, m)
             self._prec0_mu = self._prec0 @ logit(self._prior)  # (m,)
         self._key, self._out = (ev.version, prior), self._fit(ev)
         return self._out
 
     def _fit(self, ev: DrafterEvidence) -> tuple[np.ndarray, np.ndarray]:
-        m, B = ev.m, ev.B
+        """The Gaussian posterior of (alpha, beta) with beta integrated out first: its precision block is
+        diagonal, so only an m x m matrix is inverted (no LAPACK call on the decision path: a threaded
+        one took 1.7 ms on an 8 x 8 matrix beside a busy core)."""
         s, t, n, q = ev.counts  # (m, B) each
         p = np.clip(s / np.where(t > 0.0, t, 1.0), RATE_CLIP, 1.0 - RATE_CLIP)  # (m, B)
         h = np.where(n > 0.0, 1.0 / (1.0 / np.maximum(n * p * (1.0 - p), 1e-12) + REQUEST_SD ** 2 / np.maximum(q, 1e-12)),
                      0.0)  # (m, B) each cell's precision
         hz = h * logit(p)  # (m, B)
-        A = np.empty((m + B, m + B))  # the posterior precision of (alpha, beta)
-        A[:m, :m] = self._prec0 + np.diag(h.sum(axis=1))
-        A[m:, m:] = np.diag(1.0 / POSITION_SD ** 2 + h.sum(axis=0))
-        A[:m, m:] = h
-        A[m:, :m] = h.T
-        rhs = np.concatenate([self._prec0_mu + hz.sum(axis=1), hz.sum(axis=0)])  # (m + B,)
-        cov = np.linalg.inv(A)
-        mean = cov @ rhs
-        L = np.empty((m, m + B))  # v = L (alpha, beta)
-        L[:, :m] = np.eye(m)
-        L[:, m:] = ev.mix()
-        return L @ mean, L @ cov @ L.T
+        d = 1.0 / POSITION_SD ** 2 + h.sum(axis=0)  # (B,) beta's precision (diagonal)
+        hd = h / d  # (m, B)
+        # alpha's precision with beta integrated out (Schur complement), and its inverse
+        cov_a = spd_inverse(self._prec0 + np.diag(h.sum(axis=1)) - hd @ h.T)  # (m, m)
+        rb = hz.sum(axis=0)  # (B,)
+        mean_a = cov_a @ (self._prec0_mu + hz.sum(axis=1) - hd @ rb)  # (m,)
+        # beta | alpha ~ Normal((rb - h^T alpha) / d, diag(1 / d)), so v = alpha + w . beta
+        # = (I - 1 g^T) alpha + w . rb / d + w . e with g = hd w
+        w = ev.mix()  # (B,)
+        g = hd @ w  # (m,)
+        M = np.eye(ev.m) - g[None, :]  # (m, m)
+        mean = mean_a - float(g @ mean_a) + float(w @ (rb / d))
+        return mean, M @ cov_a @ M.T + float(w @ (w / d))
+
+
+def spd_inverse(a: np.ndarray) -> np.ndarray:
+    """(m, m) the inverse of a small symmetric positive definite matrix ``a`` (m, m), by Gauss-Jordan
+    elimination without pivoting (safe for such a matrix)."""
+    m = a.shape[0]
+    aug = np.concatenate([a, np.eye(m)], axis=1)  # (m, 2m)
+    for i in range(m):
+        aug[i] /= aug[i, i]
+        col = aug[:, i].copy()  # (m,)
+        col[i] = 0.0
+        aug -= np.outer(col, aug[i])
+    return aug[:, m:]
 
 
 def rate_posterior(prior: np.ndarray, is_ngram: np.ndarray, ev: DrafterEvidence) -> tuple[np.ndarray, np.ndarray]:
