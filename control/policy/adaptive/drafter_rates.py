@@ -3,8 +3,8 @@
 Drafters are measured on different evidence: the one explored first drafts the opening of a request
 (its hardest positions: on the CPU pair's record the chain rate by output position is 0.80 in positions
 0-7 and 0.92 past 32 for draft-tiny, 0.31 and 0.77 for n-gram), the next one the rest of it, each on a
-few requests whose own rates spread widely. Pooling a drafter's trials took one hard opening for the
-drafter's rate (docs/validation.md, "Stop 57"). The posterior separates the three, in log-odds:
+few requests whose own rates spread widely (docs/decisions.md, 2026-11-29). The posterior separates
+the three, in log-odds:
 
     logit r[d, b] = alpha_d + beta_b        (d: drafter, b: bin of the request's output position)
     alpha ~ Normal(logit prior, lam lam^T + diag(eps^2)),  lam_d = sqrt(tau_d^2 - eps_d^2)
@@ -15,9 +15,10 @@ drafter's rate (docs/validation.md, "Stop 57"). The posterior separates the thre
 with s, t the chain successes and trials in cell (d, b), n its drafting request-steps (not the positions
 tried: one draft's positions are one chain, and neighbouring tokens are accepted together), q its requests
 and p its rate (clipped to [RATE_CLIP, 1 - RATE_CLIP]); counts decay by ``POSITION_DECAY`` per
-learned step. One workload factor lam moves every drafter's rate together (per-request rates correlate
-0.82-0.89 between the CPU pair's draft models and 0.64-0.74 with n-gram, about what eps gives). A
-drafter's rate for the choice is at the workload's position mix w (the share of request-steps per bin):
+learned step. One workload factor lam moves every drafter's rate together: closely for the draft
+models (``MODEL_SD`` gives about the 0.82-0.89 correlation of their per-request rates on the CPU pair's
+record), loosely for n-gram (``NGRAM_SD``). A drafter's rate for the choice is at the workload's
+position mix w (the share of request-steps per bin):
 
     v_d = alpha_d + w . beta     (Gaussian: the posterior's mean and covariance, mapped)
 """
