@@ -71,7 +71,6 @@ REWARD_PRIOR_STEPS = 8.0  # steps' rewards the drafter's pooled mean is worth in
 # matching: the spread of mean rewards between requests on the replays puts it at 2-11 (empirical Bayes,
 # reading low as a request's rewards are correlated), so a few lucky steps do not outweigh a drafter's record
 MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
-MIN_STEPS = 1e-9  # floor of the request-step count dividing a drafter's trials
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
 LOOKUP_MEMORY = 256.0  # request-steps of lookups whose proposal lengths price n-gram: at batch 1 this step's
 # lookup alone flipped the request between n-gram and a draft model, paying a catch-up each time
