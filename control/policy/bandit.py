@@ -20,7 +20,9 @@ below is re-drawn at once instead of at the chunk's end. The adaptive policy set
 posterior probability of being the best (Thompson sampling on acceptance through the cost model),
 so a drafter that the profile and the outcomes so far make clearly worse is not tried for whole
 chunks of steps: SPIN assumes no prior, and uniform exploration of a dominated drafter costs more
-than it can teach (docs/decisions.md, 2026-11-22). It also sets ``prior_slots``: a request's own
+than it can teach (docs/decisions.md, 2026-11-22). Requests the owner flags in ``assign`` (``sync_rows``) draw
+with ``sync_p`` instead: the adaptive policy's requests in sync with its favourite draft model, whose
+move there costs no catch-up that the others' does. It also sets ``prior_slots``: a request's own
 mean reward on a drafter, from a few noisy steps, is shrunk to the drafter's pooled mean, so the
 matching does not keep on a worse drafter the requests whose first rewards there were luckiest.
 While exploiting, the owner may instead name one drafter for the whole batch (``assign``'s ``whole``):
@@ -65,6 +67,7 @@ class DrafterBandit:
         self._allowed_src: np.ndarray | None = None  # the caller's array that ``_allowed`` came from
         self._allowed_mask: np.ndarray | None = None
         self.explore_p: np.ndarray | None = None  # exploration draw probabilities (None: uniform)
+        self.sync_p: np.ndarray | None = None  # the flagged requests' draw probabilities (None: explore_p)
         self.keep_p = 0.0  # mid-chunk, a request whose drafter's explore_p <= keep_p is re-drawn
         self.prior_slots = 0.0  # pseudo-rewards of the pooled mean in a request's estimate (``estimates``)
 
@@ -155,18 +158,15 @@ class DrafterBandit:
             self.exploring = True
             self.epoch += 1
 
-    def _random(self, n: int) -> np.ndarray:
+    def _random(self, n: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """(n,) drafters drawn for n requests, those flagged in ``rows`` (n,) bool with ``sync_p``."""
         cap = self._capacity(n)
-        p = None
-        if self.explore_p is not None:
-            p = np.where(self._allowed, self.explore_p, 0.0) if self._allowed is not None else self.explore_p
-            p = p / p.sum() if p.sum() > 0 else None
-        if p is not None:
-            choice = self.rng.choice(self.m, size=n, p=p).astype(I64)
-        elif self._allowed is None:
-            choice = self.rng.integers(0, self.m, size=n)
+        if rows is None or self.sync_p is None or not rows.any():
+            choice = self._draw(n, self.explore_p)
         else:
-            choice = self.rng.choice(np.flatnonzero(self._allowed), size=n).astype(I64)
+            choice = np.empty(n, dtype=I64)
+            choice[~rows] = self._draw(n - int(rows.sum()), self.explore_p)
+            choice[rows] = self._draw(int(rows.sum()), self.sync_p)
         # Respect capacity: move the overflow of a full drafter to drafters with room.
         for j in range(self.m):
             idx = np.flatnonzero(choice == j)
@@ -182,6 +182,18 @@ class DrafterBandit:
                     room[j] += 1
                     choice[i] = new
         return choice
+
+    def _draw(self, n: int, probs: np.ndarray | None) -> np.ndarray:
+        """(n,) drafters drawn with ``probs`` (m,) among those allowed (None: uniformly)."""
+        p = None
+        if probs is not None:
+            p = np.where(self._allowed, probs, 0.0) if self._allowed is not None else probs
+            p = p / p.sum() if p.sum() > 0 else None
+        if p is not None:
+            return self.rng.choice(self.m, size=n, p=p).astype(I64)
+        if self._allowed is None:
+            return self.rng.integers(0, self.m, size=n)
+        return self.rng.choice(np.flatnonzero(self._allowed), size=n).astype(I64)
 
     def _matching(self, slots: np.ndarray, switch_cost: np.ndarray | None) -> np.ndarray:
         n = slots.size
@@ -203,12 +215,14 @@ class DrafterBandit:
         return self.alpha if self.exploring else min(2**self.epoch, self.max_exploit)
 
     def assign(self, slots: np.ndarray, switch_cost: np.ndarray | None = None,
-               allowed: np.ndarray | None = None, whole: int = -1) -> np.ndarray:
+               allowed: np.ndarray | None = None, whole: int | np.ndarray = -1,
+               sync_rows: np.ndarray | None = None) -> np.ndarray:
         """Drafter per request from this step on (the clock counts it; ``advance`` counts the steps it
         stays in force beyond it). ``switch_cost``: (n, m) cost of moving to each;
         ``allowed``: (m,) bool, the drafters the executor runs now (default: all); ``whole`` >= 0:
         while exploiting, every request on that drafter instead of the matching (the owner's choice
-        for the batch)."""
+        for the batch; an (n,) array: each request's); ``sync_rows``: (n,) bool, the requests that
+        draw with ``sync_p`` while exploring."""
         slots = np.asarray(slots, dtype=I64)
         if slots.size == 0:
             return np.zeros(0, dtype=I64)
@@ -220,12 +234,14 @@ class DrafterBandit:
         boundary = self.boundary_next()
         self._last_chunk = self._chunk()
         cur = self.assigned[slots]
-        if whole >= 0 and not self.exploring:
+        if np.ndim(whole) and not self.exploring:
+            new = cur if np.array_equal(cur, whole) else np.asarray(whole, dtype=I64)
+        elif whole >= 0 and not self.exploring:
             new = cur if (cur == whole).all() else np.full(slots.size, whole, dtype=I64)
         elif boundary:
-            new = self._random(slots.size) if self.exploring else self._matching(slots, switch_cost)
+            new = self._random(slots.size, sync_rows) if self.exploring else self._matching(slots, switch_cost)
         else:
-            new = self._keep(slots, cur)
+            new = self._keep(slots, cur, sync_rows)
         if new is not cur:  # (mid-stage, everyone kept: no switches, nothing to write back)
             self.switches += int(((cur >= 0) & (cur != new)).sum())
             self.assigned[slots] = new
@@ -242,21 +258,23 @@ class DrafterBandit:
             self._allowed_mask = None if allowed.all() or not allowed.any() else np.asarray(allowed, dtype=bool)
         return self._allowed_mask
 
-    def _keep(self, slots: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    def _keep(self, slots: np.ndarray, cur: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Mid-stage: each request keeps its drafter, except one that arrived since the stage began,
         whose drafter the executor no longer runs, or (exploring) whose drafter's chance has fallen
-        to ``keep_p`` or below, dropped at once rather than at the chunk's end. Returns ``cur``
-        itself when everyone keeps theirs."""
+        to ``keep_p`` or below (the flagged ``rows``' ``sync_p``), dropped at once rather than at the
+        chunk's end. Returns ``cur`` itself when everyone keeps theirs."""
         missing = cur < 0
         if self._allowed is not None:
             missing |= ~self._allowed[np.maximum(cur, 0)]
         if self.exploring and self.explore_p is not None:
-            missing |= self.explore_p[np.maximum(cur, 0)] <= self.keep_p
+            at = np.maximum(cur, 0)
+            p_cur = self.explore_p[at] if rows is None or self.sync_p is None else np.where(rows, self.sync_p[at], self.explore_p[at])
+            missing |= p_cur <= self.keep_p
         if not missing.any():
             return cur
         new = cur.copy()
         if self.exploring:
-            new[missing] = self._random(int(missing.sum()))
+            new[missing] = self._random(int(missing.sum()), None if rows is None else rows[missing])
         else:
             new[missing] = self._best_allowed(self.estimates(slots[missing]))
         return new

@@ -69,3 +69,29 @@ def test_exploitation_keeps_the_batch_on_one_drafter(record):
         mixed.append(np.mean(steps))
     assert np.mean(ratios) >= 0.999, np.round(ratios, 4)
     assert max(mixed) <= 0.12, np.round(mixed, 3)
+
+
+def test_a_batch_that_settled_on_n_gram_moves_to_the_draft_model_through_its_new_requests(record):
+    """In another arrival order (``benchmarks/replay_bar.py --orders 2``'s second, permutation seed 101)
+    policy seed 2 put half the batch on n-gram in its first steps, when draft-tiny's estimate was at
+    its lowest. Moving the batch back would re-prefill every context on draft-tiny, more than the
+    rest of those requests could repay, so the batch stayed on n-gram for the whole run (0.961 of the
+    best fixed configuration): new requests were priced with it and so never caught up either. Now
+    the requests in sync with draft-tiny choose for themselves (docs/decisions.md, 2026-11-29 (stop
+    59)): new requests prefill it and draft with it, and the batch follows as the old ones finish."""
+    profile = load_profile(PROFILE)
+    tiny = record.drafters.index("draft-tiny")
+    rows = np.random.default_rng(101).permutation(record.n)
+    outcomes = []
+
+    def see(outcome):
+        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
+
+    best = tokens_per_s(replay_run(record, profile, "fixed:3@draft-tiny", BATCH, rows=rows))
+    got = tokens_per_s(replay_run(record, profile, "adaptive", BATCH, seed=2, rows=rows,
+                                  wrap=lambda p: Observing(p, see)))
+    half = outcomes[len(outcomes) // 2:]
+    on_tiny = sum(int(((d == tiny) & spec).sum()) for d, spec in half)
+    drafted = sum(int(spec.sum()) for _, spec in half)
+    assert on_tiny >= 0.9 * drafted, (on_tiny, drafted)
+    assert got >= 0.99 * best, got / best

@@ -518,3 +518,68 @@ def test_adaptive_drafter_state_says_what_the_choice_rests_on():
     assert min(values) > 0 and int(np.argmax(values)) == best
     one = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, drafters=["tiny"]))
     assert one.drafter_state() is None  # nothing to choose
+
+
+def test_bandit_draws_the_requests_it_is_told_are_in_sync_with_their_own_probabilities():
+    """``assign(sync_rows=...)`` draws the flagged requests with ``sync_p``, the rest with ``explore_p``,
+    at a chunk's start and when a flagged request's drafter falls to ``keep_p`` mid-chunk; while
+    exploiting an (n,) ``whole`` puts each request on its own drafter."""
+    slots = np.arange(10)
+    rows = slots < 4
+    b = DrafterBandit(3, None, explore_slots=8, chunk_slots=4, seed=0)
+    b.explore_p, b.sync_p, b.keep_p = np.array([0.0, 0.0, 1.0]), np.array([0.0, 1.0, 0.0]), 0.1
+    a = b.assign(slots, sync_rows=rows)
+    assert (a[rows] == 1).all() and (a[~rows] == 2).all()
+    b.sync_p = np.array([1.0, 0.0, 0.0])  # mid-chunk: the flagged requests' drafter is now a long shot
+    a = b.assign(slots, sync_rows=rows)
+    assert (a[rows] == 0).all() and (a[~rows] == 2).all()
+    plain = DrafterBandit(3, None, explore_slots=8, chunk_slots=4, seed=0)  # no rows: explore_p for all
+    plain.explore_p, plain.sync_p = b.explore_p, np.array([0.0, 1.0, 0.0])
+    assert (plain.assign(slots) == 2).all()
+    b.advance(8 - b.t_stage)  # to the exploitation stage
+    assert not b.exploring
+    each = np.where(rows, 1, 2)
+    assert (b.assign(slots, whole=each) == each).all() and (b.assigned[slots] == each).all()
+
+
+def _lagging_batch_view(n, lag_rows, lag=300):
+    """A batch of n requests whose first ``lag_rows`` lag the draft model by ``lag`` tokens (the rest in sync)."""
+    from control.policy import StepView
+
+    dl = np.zeros((n, 2), dtype=np.int64)
+    dl[:lag_rows, 0] = lag
+    return StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, 300),
+                          remaining=np.full(n, 100), drafters=("draft", "ngram"), max_k=8, free_kv_slots=10**6,
+                          token_budget=8192, draft_lag=dl, step=1)
+
+
+def test_adaptive_prices_the_requests_in_sync_with_the_draft_model_apart_from_those_behind():
+    """A batch that drafted with n-gram lags the draft model by whole contexts, and moving it there
+    would pay their catch-up; new requests prefilled on the draft model pay none. Priced with the
+    batch, they stayed on n-gram and so fell behind too: a batch-16 replay stayed on n-gram for its
+    whole run at 0.961 of the best fixed configuration (docs/decisions.md, 2026-11-29 (stop 59)).
+    The requests in sync are priced with their own catch-up: they draw the draft model more often,
+    while exploiting they move to it where the rest stay, and new requests keep prefilling it."""
+    from control.plan import compile_plan
+    from control.policy import build_policy
+    from tests.conftest import make_profile
+
+    prof = make_profile(draft=(2.5e-6, 0.02, 1.0), acceptance={"draft": 0.9, "ngram": 0.6})
+    pol = build_policy("adaptive", compile_plan(prof, max_k=8))
+    n = 8
+    pol.decide(_lagging_batch_view(n, 0))
+    ch, allowed = pol.choice, np.array([True, True])
+    assert ch.fav == 0  # the draft model is the favourite
+    view = _lagging_batch_view(n, n - 2)
+    batch_p, sync_p = np.zeros(2), np.zeros(2)
+    for _ in range(40):
+        batch_p += ch.explore_probs(view, allowed, pol._to_exec, pol.cost) / 40
+        sync_p += ch.sync_p / 40
+    assert (ch.sync_rows == (np.arange(n) >= n - 2)).all()
+    assert sync_p[0] > batch_p[0] + 0.08, (sync_p, batch_p)
+    whole = ch.exploit_best(view, allowed, pol._to_exec, pol.cost)
+    assert whole == 1 and ch.exploit_sync == 0, (whole, ch.exploit_sync)  # n-gram for the batch, the draft for the cohort
+    # every request in sync, or none lagging: no cohort, the batch's own choice
+    for lagging in (0, n):
+        ch.explore_probs(_lagging_batch_view(n, lagging), allowed, pol._to_exec, pol.cost)
+        assert (ch.sync_rows is None) == (lagging == 0)

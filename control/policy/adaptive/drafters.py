@@ -19,6 +19,13 @@ it is likeliest best (P >= ``PREFILL_SHARE`` while exploring; at first, while th
 is a model), or while exploiting, while at least that share of the batch drafts on a model. Otherwise a
 request builds its draft state by catch-up in its first draft pass, a price exploration charges the draft
 models and not n-gram (docs/decisions.md, 2026-11-27).
+The requests in sync with the favourite draft model (no lag there) are priced apart when others lag
+on it: moving the batch would pay the others' catch-up, not theirs, so their choice charges only their
+own (while exploring they draw with those probabilities, ``sync_p``; while exploiting they take that
+choice, ``exploit_sync``), and whether new requests prefill the favourite asks what a request in sync
+would choose. Priced with the batch, a batch that had settled on n-gram never moved: its own catch-up
+outweighed the draft model's lead, so new requests were not prefilled and fell behind in turn
+(docs/decisions.md, 2026-11-29 (stop 59)).
 Exploitation puts the whole batch on one drafter: the one with the best modelled goodput for this
 batch at the posterior means (the same formula with each rate at mean_i, each draft price at its
 posterior median). SPIN's per-request matching on measured rewards is kept for drafters
@@ -115,6 +122,11 @@ class DrafterChoice:
         self.whole_batch = bool(self.bandit is not None and not b.capacities)
         self.exploit = -1
         self._last_values: np.ndarray | None = None  # (m,) the last exploiting decision's modelled goodput
+        # the requests in sync with the favourite draft model where the rest lag there (None: no split),
+        # and their choice: exploring, their draw probabilities; exploiting, their drafter (module doc)
+        self.sync_rows: np.ndarray | None = None  # (n,) bool
+        self.sync_p: np.ndarray | None = None  # (m,)
+        self.exploit_sync = -1
         self._lookups = np.zeros(max(ctx.max_k, 1) + 1)  # (K+1,) recent lookups per proposal length, decayed
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
@@ -161,16 +173,20 @@ class DrafterChoice:
         switch_cost = None
         allowed = self._allowed(to_exec)
         whole = -1
+        self.sync_rows = None
         if self.bandit.exploring:
             # fresh every exploring step, so a drafter that stops winning is dropped at once (the
             # favourite too: the profile's favourite can be the one that fails on this workload)
             self.bandit.explore_p = self.explore_probs(view, allowed, to_exec, cost)
+            self.bandit.sync_p = self.sync_p
         elif self.whole_batch:
             whole = self.exploit = self.exploit_best(view, allowed, to_exec, cost)
+            if self.sync_rows is not None and self.exploit_sync != whole:  # the cohort in sync moves alone
+                whole = np.where(self.sync_rows, self.exploit_sync, whole)
         elif self.bandit.matches_next():  # only the matching uses it
             lag_ctx = view.draft_lag[:, np.maximum(to_exec, 0)]  # (n, m)
             switch_cost = lag_ctx * self._per_token_b(cost)
-        d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed, whole=whole)  # (n,)
+        d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed, whole=whole, sync_rows=self.sync_rows)  # (n,)
         uniform = is_uniform(d_ctx)
         if not uniform:
             d_ctx = self._one_model_per_step(d_ctx)
@@ -190,9 +206,10 @@ class DrafterChoice:
         if b is None:
             return -1
         if b.exploring:
-            return int(np.argmax(b.explore_p)) if b.explore_p is not None and b.explore_p.any() else -1
+            p = self.sync_p if self.prefills and self.sync_p is not None else b.explore_p
+            return int(np.argmax(p)) if p is not None and p.any() else -1
         if self.whole_batch:
-            return self.exploit
+            return self.exploit_sync if self.prefills and self.exploit_sync >= 0 else self.exploit
         return b.best_new() if b.pool_cnt.any() else -1
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
@@ -209,25 +226,62 @@ class DrafterChoice:
         return self._b_arr
 
     def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:
-        """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc)."""
+        """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc);
+        also sets ``sync_rows`` and ``sync_p``, the same for the requests in sync with the favourite."""
         m = len(self.ctx.drafters)
         mean, cov = self._rates(self.ctx.prior_rate, self.evidence)  # (m,), (m, m) log-odds
         v = mean + self._rng.standard_normal((THOMPSON_SAMPLES, m)) @ np.linalg.cholesky(cov).T  # (S, m)
         rate = np.minimum(1.0 / (1.0 + np.exp(-v)), MAX_RATE)  # (S, m)
         mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
-        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share())  # (S, m)
-        if not allowed.all():
-            best[:, ~allowed] = -np.inf
-        return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+        share = self._lookup_share()
+
+        def probs(catch: np.ndarray | None) -> np.ndarray:
+            best = self._values(view, to_exec, cost, rate, mult, share, catch)  # (S, m)
+            if not allowed.all():
+                best[:, ~allowed] = -np.inf
+            return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
+
+        catch = self._catch_up_ms(view, to_exec, cost)
+        p = probs(catch)
+        settled = self.fav >= 0 and p[self.fav] >= PREFILL_SHARE  # the batch's draws favour the favourite already
+        self.sync_rows, cohort = self._cohort(view, to_exec, None if settled else catch)
+        self.sync_p = p if self.sync_rows is None else probs(self._catch_up_ms(view, to_exec, cost, cohort))
+        return p
 
     def exploit_best(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> int:
-        """The drafter with the best modelled goodput for this batch at the posterior means (module doc)."""
+        """The drafter with the best modelled goodput for this batch at the posterior means (module doc);
+        also sets ``sync_rows`` and ``exploit_sync``, the same for the requests in sync with the favourite."""
         mean, _ = self._posterior()
         rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
         mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
-        best = self._values(view, to_exec, cost, rate, mult, self._lookup_share())[0]  # (m,)
+        share = self._lookup_share()
+        catch = self._catch_up_ms(view, to_exec, cost)
+        best = self._values(view, to_exec, cost, rate, mult, share, catch)[0]  # (m,)
         self._last_values = best
-        return int(np.argmax(np.where(allowed, best, -np.inf)))
+        whole = int(np.argmax(np.where(allowed, best, -np.inf)))
+        self.sync_rows, cohort = self._cohort(view, to_exec, None if whole == self.fav else catch)
+        if self.sync_rows is None:
+            self.exploit_sync = whole
+        else:
+            synced = self._values(view, to_exec, cost, rate, mult, share, self._catch_up_ms(view, to_exec, cost, cohort))[0]
+            self.exploit_sync = int(np.argmax(np.where(allowed, synced, -np.inf)))
+        return whole
+
+    def _cohort(self, view: StepView, to_exec: np.ndarray, catch: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The requests in sync with the favourite draft model, where they and the rest differ in what
+        moving the batch would cost (``catch``, the whole batch's catch-up; None: no split needed, as
+        when the batch's own choice is the favourite; module doc): (``sync_rows`` (n,) bool, or None
+        while no request lags or every one is in sync; the cohort whose catch-up prices their choice,
+        (n,) bool, or None: nobody's, what a new request prefilled there faces)."""
+        if catch is None or self.fav < 0 or not self.is_model[self.fav]:
+            return None, None
+        e = int(to_exec[self.fav]) if to_exec.size else self.fav  # the favourite's executor index
+        if not 0 <= e < view.draft_lag.shape[1]:
+            return None, None
+        rows = view.draft_lag[:, e] == 0  # (n,) bool
+        if rows.all():
+            return None, None
+        return rows, (rows if rows.any() else None)
 
     def state(self) -> dict:
         """What the choice rests on now, per plan drafter (for the model's stats; not on the step path):
@@ -270,16 +324,16 @@ class DrafterChoice:
             self.evidence.reset(slots)
 
     def _values(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel, rate: np.ndarray,
-                mult: np.ndarray | None, share: np.ndarray | None) -> np.ndarray:
+                mult: np.ndarray | None, share: np.ndarray | None, catch: np.ndarray | None) -> np.ndarray:
         """(S, m) each drafter's best goodput over uniform k for this batch, per draw of the chain rates
         ``rate`` (S, m) and draft price multipliers ``mult`` (S, m) (None: the profile's prices); n-gram
-        priced at the lookup proposal lengths ``share`` (K+1,) (None: as a draft of k)."""
+        priced at the lookup proposal lengths ``share`` (K+1,) (None: as a draft of k); ``catch`` (m,)
+        the catch-up per step charged to each drafter (``_catch_up_ms``; None: none)."""
         kk = self.steps.kk
         tokens = (1.0 - np.power.outer(rate, kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
         inv = self.steps.inv(cost, view.ctx_lens)  # (m, K+1)
         if share is not None:
             tokens, inv = self._lookup_priced(share, tokens, inv)
-        catch = self._catch_up_ms(view, to_exec, cost)
         if catch is not None:
             inv = 1.0 / (1.0 / inv + catch[:, None])
         if mult is not None:  # the drafting part of each step, catch-up included, at each draw's price
@@ -320,15 +374,18 @@ class DrafterChoice:
             inv[i] = 1.0 / np.interp(eff, kk, 1.0 / inv[i])
         return tokens, inv
 
-    def _catch_up_ms(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray | None:
-        """(m,) per drafter, the draft-model time per step of bringing this batch's requests in sync
-        with it, spread over the steps an explored request stays there (a chunk, or what is left of
-        the request). Posterior draws ignore that price otherwise (docs/decisions.md, 2026-11-22)."""
-        lag = view.draft_lag  # (n, m_exec)
+    def _catch_up_ms(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel,
+                     rows: np.ndarray | None = None) -> np.ndarray | None:
+        """(m,) per drafter, the draft-model time per step of bringing this batch's requests (those in
+        ``rows`` (n,) bool; None: all) in sync with it, spread over the steps an explored request stays
+        there (a chunk, or what is left of the request). Posterior draws ignore that price otherwise
+        (docs/decisions.md, 2026-11-22). None: nothing to catch up."""
+        lag = view.draft_lag if rows is None else view.draft_lag[rows]  # (n or rows, m_exec)
         if not lag.any() or self.bandit is None:
             return None
-        stay = np.clip(view.remaining / 2.0, 1.0, float(self.bandit.beta))  # (n,) steps at about 2 tokens each
-        per_req = lag[:, np.maximum(to_exec, 0)] / stay[:, None]  # (n, m)
+        left = view.remaining if rows is None else view.remaining[rows]
+        stay = np.clip(left / 2.0, 1.0, float(self.bandit.beta))  # steps at about 2 tokens each
+        per_req = lag[:, np.maximum(to_exec, 0)] / stay[:, None]  # (rows, m)
         return np.where(to_exec >= 0, per_req.sum(axis=0) * self._per_token_b(cost), 0.0)
 
     def _one_model_per_step(self, d_ctx: np.ndarray) -> np.ndarray:
@@ -382,9 +439,11 @@ class DrafterChoice:
         if not self._may_prefill:
             return
         if b.exploring and b.explore_p is not None:
-            self.prefills = bool(self.fav >= 0 and b.explore_p[self.fav] >= PREFILL_SHARE)
+            p = self.sync_p if self.sync_p is not None else b.explore_p  # a new request prefilled is in sync
+            self.prefills = bool(self.fav >= 0 and p[self.fav] >= PREFILL_SHARE)
         else:
-            self.prefills = modelled >= PREFILL_SHARE * max(sp.n, 1)
+            self.prefills = modelled >= PREFILL_SHARE * max(sp.n, 1) or (  # or a request in sync would draft there
+                self.sync_rows is not None and 0 <= self.fav == self.exploit_sync)
 
     def _profile_values(self, ctx: PolicyContext) -> np.ndarray:
         """(m,) each drafter's goodput by the profile at its prior rate, half the batch limit and a
