@@ -244,8 +244,8 @@ class DrafterChoice:
         catch = self._catch_up_ms(view, to_exec, cost)
         p = probs(catch)
         settled = self.fav >= 0 and p[self.fav] >= PREFILL_SHARE  # the batch's draws favour the favourite already
-        self.sync_rows, cohort = self._cohort(view, to_exec, None if settled else catch)
-        self.sync_p = p if self.sync_rows is None else probs(self._catch_up_ms(view, to_exec, cost, cohort))
+        self.sync_rows = self._cohort(view, to_exec, None if settled else catch)
+        self.sync_p = p if self.sync_rows is None else probs(self._catch_up_ms(view, to_exec, cost, self.sync_rows))
         return p
 
     def exploit_best(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> int:
@@ -259,29 +259,28 @@ class DrafterChoice:
         best = self._values(view, to_exec, cost, rate, mult, share, catch)[0]  # (m,)
         self._last_values = best
         whole = int(np.argmax(np.where(allowed, best, -np.inf)))
-        self.sync_rows, cohort = self._cohort(view, to_exec, None if whole == self.fav else catch)
+        self.sync_rows = self._cohort(view, to_exec, None if whole == self.fav else catch)
         if self.sync_rows is None:
             self.exploit_sync = whole
         else:
-            synced = self._values(view, to_exec, cost, rate, mult, share, self._catch_up_ms(view, to_exec, cost, cohort))[0]
+            synced = self._values(view, to_exec, cost, rate, mult, share, self._catch_up_ms(view, to_exec, cost, self.sync_rows))[0]
             self.exploit_sync = int(np.argmax(np.where(allowed, synced, -np.inf)))
         return whole
 
-    def _cohort(self, view: StepView, to_exec: np.ndarray, catch: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """The requests in sync with the favourite draft model, where they and the rest differ in what
-        moving the batch would cost (``catch``, the whole batch's catch-up; None: no split needed, as
-        when the batch's own choice is the favourite; module doc): (``sync_rows`` (n,) bool, or None
-        while no request lags or every one is in sync; the cohort whose catch-up prices their choice,
-        (n,) bool, or None: nobody's, what a new request prefilled there faces)."""
+    def _cohort(self, view: StepView, to_exec: np.ndarray, catch: np.ndarray | None) -> np.ndarray | None:
+        """(n,) bool: the requests in sync with the favourite draft model, where they and the rest differ
+        in what moving the batch would cost (``catch``, the whole batch's catch-up; None: no split
+        needed, as when the batch's own choice is the favourite; module doc). None while nobody lags
+        there, or nobody is in sync: priced as if in sync, a lone new request would be prefilled on a
+        model whose passes it cannot pay for beside a batch on n-gram (docs/decisions.md, 2026-11-29
+        (stop 59))."""
         if catch is None or self.fav < 0 or not self.is_model[self.fav]:
-            return None, None
+            return None
         e = int(to_exec[self.fav]) if to_exec.size else self.fav  # the favourite's executor index
         if not 0 <= e < view.draft_lag.shape[1]:
-            return None, None
+            return None
         rows = view.draft_lag[:, e] == 0  # (n,) bool
-        if rows.all():
-            return None, None
-        return rows, (rows if rows.any() else None)
+        return rows if rows.any() and not rows.all() else None
 
     def state(self) -> dict:
         """What the choice rests on now, per plan drafter (for the model's stats; not on the step path):
