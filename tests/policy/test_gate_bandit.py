@@ -579,8 +579,9 @@ def test_adaptive_prices_the_requests_in_sync_with_the_draft_model_apart_from_th
     assert sync_p[0] > batch_p[0] + 0.08, (sync_p, batch_p)
     whole = ch.exploit_best(view, allowed, pol._to_exec, pol.cost)
     assert whole == 1 and ch.exploit_sync == 0, (whole, ch.exploit_sync)  # n-gram for the batch, the draft for the cohort
+    assert pol.drafter_state()["in_sync"] == {"requests": 2, "drafter": "draft"}
     # every request in sync, or none: no cohort, the batch's own choice (a lone request in sync
     # could not pay for the draft model's passes beside a batch on n-gram)
     for lagging in (0, n):
         p = ch.explore_probs(_lagging_batch_view(n, lagging), allowed, pol._to_exec, pol.cost)
-        assert ch.sync_rows is None and ch.sync_p is p
+        assert ch.sync_rows is None and ch.sync_p is p and pol.drafter_state()["in_sync"] is None

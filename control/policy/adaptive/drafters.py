@@ -127,6 +127,7 @@ class DrafterChoice:
         self.sync_rows: np.ndarray | None = None  # (n,) bool
         self.sync_p: np.ndarray | None = None  # (m,)
         self.exploit_sync = -1
+        self._sync_pick = -1  # the drafter likeliest for them at the last full decision (for ``state``)
         self._lookups = np.zeros(max(ctx.max_k, 1) + 1)  # (K+1,) recent lookups per proposal length, decayed
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
@@ -246,6 +247,7 @@ class DrafterChoice:
         settled = self.fav >= 0 and p[self.fav] >= PREFILL_SHARE  # the batch's draws favour the favourite already
         self.sync_rows = self._cohort(view, to_exec, None if settled else catch)
         self.sync_p = p if self.sync_rows is None else probs(self._catch_up_ms(view, to_exec, cost, self.sync_rows))
+        self._sync_pick = int(np.argmax(self.sync_p))
         return p
 
     def exploit_best(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> int:
@@ -265,6 +267,7 @@ class DrafterChoice:
         else:
             synced = self._values(view, to_exec, cost, rate, mult, share, self._catch_up_ms(view, to_exec, cost, self.sync_rows))[0]
             self.exploit_sync = int(np.argmax(np.where(allowed, synced, -np.inf)))
+        self._sync_pick = self.exploit_sync
         return whole
 
     def _cohort(self, view: StepView, to_exec: np.ndarray, catch: np.ndarray | None) -> np.ndarray | None:
@@ -286,7 +289,9 @@ class DrafterChoice:
         """What the choice rests on now, per plan drafter (for the model's stats; not on the step path):
         the chain rate's posterior mean and sd, its drafting request-steps, the draft price multiplier
         exploration draws around (median), the goodput the last exploiting decision modelled (tokens
-        per ms per request, null before one), the exploration chance, plus the favourite and the stage."""
+        per ms per request, null before one), the exploration chance, plus the favourite, the stage and,
+        where the last full decision priced the requests in sync with the favourite apart, how many there
+        were and the drafter likeliest for them (``in_sync``, else null)."""
         mean, sd = self._posterior()
         steps = self.evidence.counts[2].sum(axis=1)  # (m,) drafting request-steps (decayed)
         med = self.prices.medians() if self.prices is not None else None
@@ -301,7 +306,10 @@ class DrafterChoice:
                          "p_best": None if p is None else round(float(p[i]), 3)}
         fav = self.ctx.drafters[self.fav] if 0 <= self.fav < len(self.ctx.drafters) else None
         stage = "none" if b is None else ("exploring" if b.exploring else "exploiting")
-        return {"drafters": per, "favourite": fav, "prefills": self.prefills, "stage": stage,
+        rows, pick = self.sync_rows, self._sync_pick
+        in_sync = None if rows is None else {"requests": int(rows.sum()),
+                                             "drafter": self.ctx.drafters[pick] if pick >= 0 else None}
+        return {"drafters": per, "favourite": fav, "prefills": self.prefills, "stage": stage, "in_sync": in_sync,
                 "epoch": None if b is None else b.epoch,
                 "exploit": self.ctx.drafters[self.exploit] if 0 <= self.exploit < len(self.ctx.drafters) else None}
 
