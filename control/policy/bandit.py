@@ -234,10 +234,8 @@ class DrafterBandit:
         boundary = self.boundary_next()
         self._last_chunk = self._chunk()
         cur = self.assigned[slots]
-        if np.ndim(whole) and not self.exploring:
-            new = cur if np.array_equal(cur, whole) else np.asarray(whole, dtype=I64)
-        elif whole >= 0 and not self.exploring:
-            new = cur if (cur == whole).all() else np.full(slots.size, whole, dtype=I64)
+        if not self.exploring and (isinstance(whole, np.ndarray) or whole >= 0):  # the owner's drafter, one for all or each its own
+            new = cur if (cur == whole).all() else np.broadcast_to(whole, cur.shape).astype(I64)
         elif boundary:
             new = self._random(slots.size, sync_rows) if self.exploring else self._matching(slots, switch_cost)
         else:

@@ -47,6 +47,11 @@ def logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1.0 - p))
 
 
+def sigmoid(v: np.ndarray) -> np.ndarray:
+    """The rate of log-odds ``v`` (``logit``'s inverse)."""
+    return 1.0 / (1.0 + np.exp(-v))
+
+
 class DrafterEvidence:
     """Chain trials per (drafter, output-position bin), decayed, and each slot's request position."""
 

@@ -60,7 +60,7 @@ from control.goodput.estimators import PositionRates
 from control.goodput.stepcost import DrafterKind, StepCostModel, uniform_step_ms
 from control.plan import typical_ctx
 from control.policy.adaptive.draft_prices import DraftPrices
-from control.policy.adaptive.drafter_rates import DrafterEvidence, RatePosterior
+from control.policy.adaptive.drafter_rates import DrafterEvidence, RatePosterior, sigmoid
 from control.policy.adaptive.probes import PROBE_TRIALS
 from control.policy.adaptive.step_plan import StepPlan
 from control.policy.adaptive.survival import is_uniform
@@ -232,7 +232,7 @@ class DrafterChoice:
         m = len(self.ctx.drafters)
         mean, cov = self._rates(self.ctx.prior_rate, self.evidence)  # (m,), (m, m) log-odds
         v = mean + self._rng.standard_normal((THOMPSON_SAMPLES, m)) @ np.linalg.cholesky(cov).T  # (S, m)
-        rate = np.minimum(1.0 / (1.0 + np.exp(-v)), MAX_RATE)  # (S, m)
+        rate = np.minimum(sigmoid(v), MAX_RATE)  # (S, m)
         mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
         share = self._lookup_share()
 
@@ -316,7 +316,7 @@ class DrafterChoice:
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """(m,) mean and (m,) sd of each drafter's chain rate (the log-odds posterior's, mapped)."""
         mean, cov = self._rates(self.ctx.prior_rate, self.evidence)
-        rate = 1.0 / (1.0 + np.exp(-mean))  # (m,)
+        rate = sigmoid(mean)  # (m,)
         return rate, np.sqrt(np.diag(cov)) * rate * (1.0 - rate)
 
     def learn(self, slots: np.ndarray, d_ctx: np.ndarray, s: np.ndarray, t: np.ndarray, spec: np.ndarray | None,
