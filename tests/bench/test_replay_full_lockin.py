@@ -95,3 +95,29 @@ def test_a_batch_that_settled_on_n_gram_moves_to_the_draft_model_through_its_new
     drafted = sum(int(spec.sum()) for _, spec in half)
     assert on_tiny >= 0.9 * drafted, (on_tiny, drafted)
     assert got >= 0.99 * best, got / best
+
+
+def test_a_batch_planned_on_the_worse_draft_model_moves_to_the_better_one_as_it_turns_over(record):
+    """Planned from a profile whose draft prices were timed under load (draft-small's per-token work
+    at 0.25 ms against 0.44), adaptive started on draft-small and its new requests prefilled it;
+    draft-tiny, better on the clock the run keeps, was charged the whole batch's catch-up, so the
+    batch stayed on draft-small (policy seed 0: 0.90 of the best fixed configuration). Now new
+    requests prefill the model a request in sync with both would draft faster on, and the batch
+    moves over as its old requests finish (docs/decisions.md, 2026-11-29 (stop 60))."""
+    data = ROOT / "control" / "bench" / "data"
+    clock = load_profile(data / "profile-avx2-stdlib-full.yaml")
+    stale = load_profile(data / "profile-avx2-stdlib-full-bare-loaded.yaml")
+    tiny = record.drafters.index("draft-tiny")
+    outcomes = []
+
+    def see(outcome):
+        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
+
+    best = tokens_per_s(replay_run(record, clock, BEST, BATCH))
+    got = tokens_per_s(replay_run(record, clock, "adaptive", BATCH, seed=0, plan_profile=stale,
+                                  wrap=lambda p: Observing(p, see)))
+    half = outcomes[len(outcomes) // 2:]
+    on_tiny = sum(int(((d == tiny) & spec).sum()) for d, spec in half)
+    drafted = sum(int(spec.sum()) for _, spec in half)
+    assert on_tiny >= 0.9 * drafted, (on_tiny, drafted)
+    assert got >= 0.97 * best, got / best

@@ -585,3 +585,48 @@ def test_adaptive_prices_the_requests_in_sync_with_the_draft_model_apart_from_th
     for lagging in (0, n):
         p = ch.explore_probs(_lagging_batch_view(n, lagging), allowed, pol._to_exec, pol.cost)
         assert ch.sync_rows is None and ch.sync_p is p and pol.drafter_state()["in_sync"] is None
+
+
+def _two_models_view(n, ctx, lag_small, lag_tiny):
+    """A batch of n requests on plan drafters (small, tiny) with per-request lags ``lag_small``, ``lag_tiny`` (n,)."""
+    from control.policy import StepView
+
+    return StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, ctx),
+                          remaining=np.full(n, 100), drafters=("small", "tiny"), max_k=6, free_kv_slots=10**6,
+                          token_budget=8192, draft_lag=np.stack([lag_small, lag_tiny], axis=1).astype(np.int64), step=1)
+
+
+def test_adaptive_moves_a_batch_to_the_draft_model_it_would_choose_in_sync_as_the_batch_turns_over():
+    """A batch settled on one draft model lags another by whole contexts, so it stays where it is for
+    the catch-up alone, and new requests prefilled on its model kept it there: with a plan from a
+    stale profile a batch-16 replay stayed on draft-small at 0.90 of draft-tiny's best fixed k
+    (docs/decisions.md, 2026-11-29 (stop 60)). When a request in sync with both would draft faster on
+    the other by the margin, new requests prefill that one, those in sync with it draft there while
+    the rest stay (two models in a step), and with no lead the batch's model stays the target."""
+    from control.plan import compile_plan
+    from control.policy import build_policy
+
+    n, ctx = 8, 1000
+    none, behind = np.zeros(n, dtype=np.int64), np.full(n, ctx)
+    allowed = np.array([True, True])
+    for small_c, moves in ((0.2, False), (0.5, True)):  # the same per pass, or tiny cheaper (kept below)
+        pol = build_policy("adaptive", compile_plan(_two_draft_models_profile(small_c, 0.2), max_k=6,
+                                                    default_drafter="small"))
+        pol.decide(_two_models_view(n, ctx, none, none))
+        ch = pol.choice
+        ch.fav, pol.bandit.exploring = 0, False  # the batch drafts on small and lags tiny; exploiting
+        whole = ch.exploit_best(_two_models_view(n, ctx, none, behind), allowed, pol._to_exec, pol.cost)
+        assert whole == 0, ch._last_values  # the catch-up keeps the batch on small
+        assert ch.target == (1 if moves else -1)
+        ch.note_favourite(_ran(_two_models_view(n, ctx, none, behind), np.zeros(n, dtype=np.int64), np.full(n, 2)))
+        assert ch.fav == 0 and ch.prefills
+        assert pol.prefill_drafter() == ch.newcomer() == (1 if moves else 0)  # the executor lists them as the plan
+        assert pol.drafter_state()["target"] == ("tiny" if moves else None)
+    # the batch turning over: two new requests prefilled on tiny lag small
+    new = np.arange(n) >= n - 2
+    view = _two_models_view(n, ctx, np.where(new, ctx, 0), np.where(new, 0, ctx))
+    assert ch.exploit_best(view, allowed, pol._to_exec, pol.cost) == 0 and ch.target == 1
+    assert (ch.sync_rows == new).all() and ch.exploit_sync == 1
+    assert ch._one_model_per_step(np.where(new, 1, 0)).tolist() == [0] * (n - 2) + [1, 1]  # two models
+    ch.sync_rows = None
+    assert ch._one_model_per_step(np.where(new, 1, 0)).tolist() == [0] * n  # no cohort: the most used

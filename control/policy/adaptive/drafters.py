@@ -11,7 +11,7 @@ T_i includes the drafting part D_i and the catch-up; x_i is a draw of the draft 
 the profile's (``draft_prices.py``) while the cost refit still prices it at the profile, else 1.
 
 Requests the bandit puts on different draft models in one step all move to one of them (each model
-in a step pays its own k passes): the most used one, or while exploring the one likeliest best, the
+in a step pays its own k passes; the cohort priced apart, below, and the rest each to their own): the most used one, or while exploring the one likeliest best, the
 favourite on a near tie, except that from the second epoch a model still unmeasured (fewer than
 ``PROBE_TRIALS`` first-position trials) keeps the requests drawn for it. The favourite is the model
 that drafted most last step (at first the profile's best model); new requests prefill its state while
@@ -26,6 +26,11 @@ choice, ``exploit_sync``), and whether new requests prefill the favourite asks w
 would choose. Priced with the batch, a batch that had settled on n-gram never moved: its own catch-up
 outweighed the draft model's lead, so new requests were not prefilled and fell behind in turn
 (docs/decisions.md, 2026-11-29 (stop 59)).
+A batch on the favourite only for the catch-up another draft model would cost it moves there as it turns
+over: when a request in sync with every model would draft faster on the other one at the posterior means
+(by ``MIGRATE_MARGIN``), that model is the target: new requests prefill it, and those in sync with it are
+the cohort priced apart, so they draft there while the rest stay, two models drafting in a step until the
+favourite (the most used) follows (docs/decisions.md, 2026-11-29 (stop 60)).
 Exploitation puts the whole batch on one drafter: the one with the best modelled goodput for this
 batch at the posterior means (the same formula with each rate at mean_i, each draft price at its
 posterior median). SPIN's per-request matching on measured rewards is kept for drafters
@@ -84,6 +89,9 @@ LOOKUP_MEMORY = 256.0  # request-steps of lookups whose proposal lengths price n
 PREFILL_SHARE = 0.5  # new requests prefill the favourite draft model's state while it is at least this likely
 # the best drafter (exploring), or at least this share of the batch drafts on a draft model (exploiting):
 # below it most prefills would be spent on requests that never use the state
+MIGRATE_MARGIN = 0.02  # new requests prefill another draft model than the batch's when a request in sync
+# with both would draft this much faster on it at the posterior means (then while it leads at all): the
+# batch moves over as it turns over, two models drafting in a step meanwhile
 
 
 class DrafterChoice:
@@ -113,6 +121,7 @@ class DrafterChoice:
         # least one of them a draft model (module doc); ``prefills``: they do now, the state of ``fav``
         self._may_prefill = bool(self.bandit is not None and self.is_model.any() and not b.capacities)
         self.fav, self.prefills = -1, False
+        self.target = -1  # the draft model new requests prefill instead of ``fav`` (-1: none; ``_migration_target``)
         if self._consolidate or self._may_prefill:
             value = self._profile_values(ctx)  # (m,)
             self.fav = int(np.argmax(np.where(self.is_model, value, -np.inf)))
@@ -206,12 +215,19 @@ class DrafterChoice:
         b = self.bandit
         if b is None:
             return -1
+        if self.prefills and self.target >= 0:  # prefilled there
+            return self.target
         if b.exploring:
             p = self.sync_p if self.prefills and self.sync_p is not None else b.explore_p
             return int(np.argmax(p)) if p is not None and p.any() else -1
         if self.whole_batch:
             return self.exploit_sync if self.prefills and self.exploit_sync >= 0 else self.exploit
         return b.best_new() if b.pool_cnt.any() else -1
+
+    def prefill_model(self) -> int:
+        """The plan drafter whose state new requests prefill (-1: none known): the migration target
+        while there is one, else the favourite."""
+        return self.target if self.target >= 0 and self.prefills else self.fav
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
         """(m,) bool: the plan's drafters the executor runs (the same array while the map is)."""
@@ -234,18 +250,23 @@ class DrafterChoice:
         v = mean + self._rng.standard_normal((THOMPSON_SAMPLES, m)) @ np.linalg.cholesky(cov).T  # (S, m)
         rate = np.minimum(sigmoid(v), MAX_RATE)  # (S, m)
         mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
-        share = self._lookup_share()
+        at_means = np.minimum(sigmoid(mean), MAX_RATE)[None, :]  # (1, m)
+        priced, inv = self._priced(view, cost, np.concatenate([rate, at_means]))  # (S + 1, m, K+1): the draws, the means
+        tokens = priced[:THOMPSON_SAMPLES]
 
         def probs(catch: np.ndarray | None) -> np.ndarray:
-            best = self._values(view, to_exec, cost, rate, mult, share, catch)  # (S, m)
+            best = self._values(view, cost, tokens, inv, mult, catch)  # (S, m)
             if not allowed.all():
                 best[:, ~allowed] = -np.inf
             return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
 
         catch = self._catch_up_ms(view, to_exec, cost)
         p = probs(catch)
-        settled = self.fav >= 0 and p[self.fav] >= PREFILL_SHARE  # the batch's draws favour the favourite already
-        self.sync_rows = self._cohort(view, to_exec, None if settled else catch)
+        med = None if self.prices is None else self.prices.medians()  # (1, m) or None
+        self.target = self._migration_target(view, cost, priced[THOMPSON_SAMPLES:], inv, med, allowed, int(np.argmax(p)))
+        anchor = self.target if self.target >= 0 else self.fav
+        settled = anchor >= 0 and p[anchor] >= PREFILL_SHARE  # the batch's draws favour the anchor already
+        self.sync_rows = self._cohort(view, to_exec, None if settled else catch, anchor)
         self.sync_p = p if self.sync_rows is None else probs(self._catch_up_ms(view, to_exec, cost, self.sync_rows))
         self._sync_pick = int(np.argmax(self.sync_p))
         return p
@@ -256,30 +277,49 @@ class DrafterChoice:
         mean, _ = self._posterior()
         rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
         mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
-        share = self._lookup_share()
+        tokens, inv = self._priced(view, cost, rate)
         catch = self._catch_up_ms(view, to_exec, cost)
-        best = self._values(view, to_exec, cost, rate, mult, share, catch)[0]  # (m,)
+        best = self._values(view, cost, tokens, inv, mult, catch)[0]  # (m,)
         self._last_values = best
         whole = int(np.argmax(np.where(allowed, best, -np.inf)))
-        self.sync_rows = self._cohort(view, to_exec, None if whole == self.fav else catch)
+        self.target = self._migration_target(view, cost, tokens, inv, mult, allowed, whole)
+        anchor = self.target if self.target >= 0 else self.fav
+        self.sync_rows = self._cohort(view, to_exec, None if whole == anchor else catch, anchor)
         if self.sync_rows is None:
             self.exploit_sync = whole
         else:
-            synced = self._values(view, to_exec, cost, rate, mult, share, self._catch_up_ms(view, to_exec, cost, self.sync_rows))[0]
+            synced = self._values(view, cost, tokens, inv, mult, self._catch_up_ms(view, to_exec, cost, self.sync_rows))[0]
             self.exploit_sync = int(np.argmax(np.where(allowed, synced, -np.inf)))
         self._sync_pick = self.exploit_sync
         return whole
 
-    def _cohort(self, view: StepView, to_exec: np.ndarray, catch: np.ndarray | None) -> np.ndarray | None:
-        """(n,) bool: the requests in sync with the favourite draft model, where they and the rest differ
-        in what moving the batch would cost (``catch``, the whole batch's catch-up; None: no split
-        needed, as when the batch's own choice is the favourite; module doc). None while nobody lags
-        there, or nobody is in sync: priced as if in sync, a lone new request would be prefilled on a
-        model whose passes it cannot pay for beside a batch on n-gram (docs/decisions.md, 2026-11-29
-        (stop 59))."""
-        if catch is None or self.fav < 0 or not self.is_model[self.fav]:
+    def _migration_target(self, view: StepView, cost: StepCostModel, tokens: np.ndarray, inv: np.ndarray,
+                          mult: np.ndarray | None, allowed: np.ndarray, whole: int) -> int:
+        """The draft model new requests prefill instead of the favourite, while the batch stays on the
+        favourite (``whole``) only for its catch-up: the one a request in sync with every model would
+        draft fastest on at the posterior means (``tokens`` (1, m, K+1) and ``inv``, ``_priced``; ``mult``
+        (1, m), the prices' medians), by ``MIGRATE_MARGIN`` (by any margin once it is the target). -1: none."""
+        fav = self.fav
+        if fav < 0 or whole != fav or not self.is_model[fav] or not self._consolidate:
+            return -1
+        fresh = self._values(view, cost, tokens, inv, mult, None)[0]  # (m,) nobody lagging
+        fresh = np.where(self.is_model & allowed, fresh, -np.inf)
+        lead = int(np.argmax(fresh))
+        if lead == fav:
+            return -1
+        need = 1.0 if lead == self.target else 1.0 + MIGRATE_MARGIN
+        return lead if fresh[lead] >= need * fresh[fav] else -1
+
+    def _cohort(self, view: StepView, to_exec: np.ndarray, catch: np.ndarray | None, anchor: int) -> np.ndarray | None:
+        """(n,) bool: the requests in sync with the draft model ``anchor`` (the favourite, or the
+        migration target), where they and the rest differ in what moving the batch would cost
+        (``catch``, the whole batch's catch-up; None: no split needed, as when the batch's own choice
+        is the anchor; module doc). None while nobody lags there, or nobody is in sync: priced as if
+        in sync, a lone new request would be prefilled on a model whose passes it cannot pay for
+        beside a batch on n-gram (docs/decisions.md, 2026-11-29 (stop 59))."""
+        if catch is None or anchor < 0 or not self.is_model[anchor]:
             return None
-        e = int(to_exec[self.fav]) if to_exec.size else self.fav  # the favourite's executor index
+        e = int(to_exec[anchor]) if to_exec.size else anchor  # the anchor's executor index
         if not 0 <= e < view.draft_lag.shape[1]:
             return None
         rows = view.draft_lag[:, e] == 0  # (n,) bool
@@ -289,9 +329,10 @@ class DrafterChoice:
         """What the choice rests on now, per plan drafter (for the model's stats; not on the step path):
         the chain rate's posterior mean and sd, its drafting request-steps, the draft price multiplier
         exploration draws around (median), the goodput the last exploiting decision modelled (tokens
-        per ms per request, null before one), the exploration chance, plus the favourite, the stage and,
-        where the last full decision priced the requests in sync with the favourite apart, how many there
-        were and the drafter likeliest for them (``in_sync``, else null)."""
+        per ms per request, null before one), the exploration chance, plus the favourite, the draft model
+        new requests prefill instead (``target``, else null), the stage and, where the last full decision
+        priced the requests in sync with the favourite or the target apart, how many there were and the
+        drafter likeliest for them (``in_sync``, else null)."""
         mean, sd = self._posterior()
         steps = self.evidence.counts[2].sum(axis=1)  # (m,) drafting request-steps (decayed)
         med = self.prices.medians() if self.prices is not None else None
@@ -309,7 +350,9 @@ class DrafterChoice:
         rows, pick = self.sync_rows, self._sync_pick
         in_sync = None if rows is None else {"requests": int(rows.sum()),
                                              "drafter": self.ctx.drafters[pick] if pick >= 0 else None}
-        return {"drafters": per, "favourite": fav, "prefills": self.prefills, "stage": stage, "in_sync": in_sync,
+        target = self.ctx.drafters[self.target] if self.target >= 0 else None
+        return {"drafters": per, "favourite": fav, "target": target, "prefills": self.prefills, "stage": stage,
+                "in_sync": in_sync,
                 "epoch": None if b is None else b.epoch,
                 "exploit": self.ctx.drafters[self.exploit] if 0 <= self.exploit < len(self.ctx.drafters) else None}
 
@@ -330,17 +373,21 @@ class DrafterChoice:
         if self.bandit is not None:
             self.evidence.reset(slots)
 
-    def _values(self, view: StepView, to_exec: np.ndarray, cost: StepCostModel, rate: np.ndarray,
-                mult: np.ndarray | None, share: np.ndarray | None, catch: np.ndarray | None) -> np.ndarray:
-        """(S, m) each drafter's best goodput over uniform k for this batch, per draw of the chain rates
-        ``rate`` (S, m) and draft price multipliers ``mult`` (S, m) (None: the profile's prices); n-gram
-        priced at the lookup proposal lengths ``share`` (K+1,) (None: as a draft of k); ``catch`` (m,)
-        the catch-up per step charged to each drafter (``_catch_up_ms``; None: none)."""
+    def _priced(self, view: StepView, cost: StepCostModel, rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``tokens`` (S, m, K+1), each drafter's tokens a step at uniform k per draw of the chain rates
+        ``rate`` (S, m), and ``inv`` (m, K+1), 1 / its step ms for this batch; n-gram priced at the
+        recent lookups' proposal lengths (``_lookup_share``; as a draft of k before any)."""
         kk = self.steps.kk
         tokens = (1.0 - np.power.outer(rate, kk + 1.0)) / (1.0 - rate)[:, :, None]  # (S, m, K+1)
         inv = self.steps.inv(cost, view.ctx_lens)  # (m, K+1)
-        if share is not None:
-            tokens, inv = self._lookup_priced(share, tokens, inv)
+        share = self._lookup_share()
+        return self._lookup_priced(share, tokens, inv) if share is not None else (tokens, inv)
+
+    def _values(self, view: StepView, cost: StepCostModel, tokens: np.ndarray, inv: np.ndarray,
+                mult: np.ndarray | None, catch: np.ndarray | None) -> np.ndarray:
+        """(S, m) each drafter's best goodput over uniform k for this batch, per draw: ``tokens`` and
+        ``inv`` from ``_priced``, draft price multipliers ``mult`` (S, m) (None: the profile's prices),
+        ``catch`` (m,) the catch-up per step charged to each drafter (``_catch_up_ms``; None: none)."""
         if catch is not None:
             inv = 1.0 / (1.0 / inv + catch[:, None])
         if mult is not None:  # the drafting part of each step, catch-up included, at each draw's price
@@ -398,27 +445,40 @@ class DrafterChoice:
     def _one_model_per_step(self, d_ctx: np.ndarray) -> np.ndarray:
         """(n,) ``d_ctx`` with every draft-model request moved to one draft model: the most used, or
         while the bandit explores the likeliest best (module doc). Each model in a step runs its own k
-        passes; n-gram lookup costs per request and mixes freely (docs/decisions.md, 2026-11-22). An
-        unmeasured model left out of every step would stay so: its rewards empty, exploitation never
-        picks it (docs/decisions.md, 2026-11-26)."""
+        passes; n-gram lookup costs per request and mixes freely (docs/decisions.md, 2026-11-22). The
+        cohort priced apart (``sync_rows``) and the rest each get their own: while the batch turns over
+        to the cohort's model, two models draft in a step."""
         if not self._consolidate or d_ctx.size < 2:
             return d_ctx
+        rows = self.sync_rows
+        if rows is None or rows.size != d_ctx.size:
+            return self._one_model(d_ctx, False)
+        out = d_ctx.copy()
+        out[rows] = self._one_model(d_ctx[rows], True)
+        out[~rows] = self._one_model(d_ctx[~rows], False)
+        return out
+
+    def _one_model(self, d_ctx: np.ndarray, in_sync: bool) -> np.ndarray:
+        """(n,) ``d_ctx`` of one group (the cohort in sync: ``in_sync``, drawing with ``sync_p``) on one
+        draft model (``_one_model_per_step``). An unmeasured model left out of every step would stay so:
+        its rewards empty, exploitation never picks it (docs/decisions.md, 2026-11-26)."""
         used = np.bincount(d_ctx, minlength=self.is_model.size) * self.is_model  # (m,)
         if np.count_nonzero(used) <= 1:
             return d_ctx
         b = self.bandit
         if b is None or not b.exploring or b.explore_p is None:
             return np.where(self.is_model[d_ctx], int(np.argmax(used)), d_ctx)
-        # exploring: the drafted model likeliest to be best, the favourite on a near tie (not the most
+        # exploring: the drafted model likeliest to be best, the group's anchor on a near tie (not the most
         # drawn one: that turned a first step's coin flip into the model every request then caught up on)
         if b.epoch > 1:  # a model still unmeasured after an epoch keeps the requests drawn for it
             unmeasured = (used > 0) & self._unmeasured()  # (m,) bool
             if unmeasured.any() and not unmeasured[used > 0].all():
                 used = np.where(unmeasured, 0, used)
-        p = np.where(used > 0, b.explore_p, -1.0)  # (m,)
+        p = np.where(used > 0, b.sync_p if in_sync and b.sync_p is not None else b.explore_p, -1.0)  # (m,)
         top = int(np.argmax(p))
-        if 0 <= self.fav < p.size and used[self.fav] and p[self.fav] >= p[top] - EXPLORE_TIE:
-            top = self.fav
+        anchor = self.target if in_sync and self.target >= 0 else self.fav
+        if 0 <= anchor < p.size and used[anchor] and p[anchor] >= p[top] - EXPLORE_TIE:
+            top = anchor
         return np.where(self.is_model[d_ctx] & (used[d_ctx] > 0), top, d_ctx)
 
     def _unmeasured(self) -> np.ndarray:
@@ -447,10 +507,10 @@ class DrafterChoice:
             return
         if b.exploring and b.explore_p is not None:
             p = self.sync_p if self.sync_p is not None else b.explore_p  # a new request prefilled is in sync
-            self.prefills = bool(self.fav >= 0 and p[self.fav] >= PREFILL_SHARE)
+            self.prefills = self.target >= 0 or bool(self.fav >= 0 and p[self.fav] >= PREFILL_SHARE)
         else:
-            self.prefills = modelled >= PREFILL_SHARE * max(sp.n, 1) or (  # or a request in sync would draft there
-                self.sync_rows is not None and 0 <= self.fav == self.exploit_sync)
+            self.prefills = self.target >= 0 or modelled >= PREFILL_SHARE * max(sp.n, 1) or (  # or a request in
+                self.sync_rows is not None and 0 <= self.fav == self.exploit_sync)  # sync would draft there
 
     def _profile_values(self, ctx: PolicyContext) -> np.ndarray:
         """(m,) each drafter's goodput by the profile at its prior rate, half the batch limit and a

@@ -297,7 +297,7 @@ class AdaptivePolicy(BasePolicy):
         return self._cons
 
     def prefill_drafter(self) -> int:
-        fav = self.choice.fav
+        fav = self.choice.prefill_model()
         if fav < 0 or not self._to_exec.size:
             return -1
         return int(self._to_exec[fav])
