@@ -59,6 +59,24 @@ class Observing:
         self.inner.observe(outcome)
 
 
+def late_share_on(record, clock, policy: str, batch: int, drafter: str, **kw) -> tuple[float, float]:
+    """Replay ``policy`` (``replay_run``'s keywords in ``kw``) and return its tokens per second and the
+    share of the drafting request-steps in the second half of its steps that drafted on ``drafter``."""
+    from control.bench.replay import replay_run, tokens_per_s
+
+    d = record.drafters.index(drafter)
+    outcomes = []  # (drafter (n,), drafted (n,) bool) per step
+
+    def see(outcome):
+        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
+
+    got = tokens_per_s(replay_run(record, clock, policy, batch, wrap=lambda p: Observing(p, see), **kw))
+    half = outcomes[len(outcomes) // 2:]
+    on = sum(int(((dr == d) & spec).sum()) for dr, spec in half)
+    drafted = sum(int(spec.sum()) for _, spec in half)
+    return got, on / max(drafted, 1)
+
+
 # What a failing test that used the live deployment shows of it: the servers' logs, so a failure in
 # CI (where the run directory is gone afterwards) carries its cause with it.
 SERVER_LOGS = ("tritonserver.log", "control-plane.log", "frontend.log")

@@ -11,7 +11,7 @@ import pytest
 
 from control.bench.replay import ReplayRecord, replay_run, tokens_per_s
 from control.profile import load_profile
-from tests.conftest import Observing
+from tests.conftest import Observing, late_share_on
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "control" / "bench" / "data" / "replay-stdlib-full.npz"
@@ -34,18 +34,9 @@ def test_the_bandit_keeps_the_batch_on_the_draft_model_that_pays(record):
     to the drafter's pooled mean (docs/decisions.md, 2026-11-26), and exploitation no longer matches
     requests on their rewards (next test): draft-tiny drafts for most of the second half of the run."""
     profile = load_profile(PROFILE)
-    tiny = record.drafters.index("draft-tiny")
-    outcomes = []  # (drafter (n,), drafted (n,) bool) per step
-
-    def see(outcome):
-        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
-
     best = tokens_per_s(replay_run(record, profile, BEST, BATCH))
-    got = tokens_per_s(replay_run(record, profile, "adaptive", BATCH, seed=0, wrap=lambda p: Observing(p, see)))
-    half = outcomes[len(outcomes) // 2:]
-    on_tiny = sum(int(((d == tiny) & spec).sum()) for d, spec in half)
-    drafted = sum(int(spec.sum()) for _, spec in half)
-    assert on_tiny >= 0.7 * drafted, (on_tiny, drafted)
+    got, on_tiny = late_share_on(record, profile, "adaptive", BATCH, "draft-tiny", seed=0)
+    assert on_tiny >= 0.7, on_tiny
     assert got >= 0.98 * best, got / best
 
 
@@ -80,20 +71,10 @@ def test_a_batch_that_settled_on_n_gram_moves_to_the_draft_model_through_its_new
     the requests in sync with draft-tiny choose for themselves (docs/decisions.md, 2026-11-29 (stop
     59)): new requests prefill it and draft with it, and the batch follows as the old ones finish."""
     profile = load_profile(PROFILE)
-    tiny = record.drafters.index("draft-tiny")
     rows = np.random.default_rng(101).permutation(record.n)
-    outcomes = []
-
-    def see(outcome):
-        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
-
     best = tokens_per_s(replay_run(record, profile, "fixed:3@draft-tiny", BATCH, rows=rows))
-    got = tokens_per_s(replay_run(record, profile, "adaptive", BATCH, seed=2, rows=rows,
-                                  wrap=lambda p: Observing(p, see)))
-    half = outcomes[len(outcomes) // 2:]
-    on_tiny = sum(int(((d == tiny) & spec).sum()) for d, spec in half)
-    drafted = sum(int(spec.sum()) for _, spec in half)
-    assert on_tiny >= 0.9 * drafted, (on_tiny, drafted)
+    got, on_tiny = late_share_on(record, profile, "adaptive", BATCH, "draft-tiny", seed=2, rows=rows)
+    assert on_tiny >= 0.9, on_tiny
     assert got >= 0.99 * best, got / best
 
 
@@ -107,17 +88,7 @@ def test_a_batch_planned_on_the_worse_draft_model_moves_to_the_better_one_as_it_
     data = ROOT / "control" / "bench" / "data"
     clock = load_profile(data / "profile-avx2-stdlib-full.yaml")
     stale = load_profile(data / "profile-avx2-stdlib-full-bare-loaded.yaml")
-    tiny = record.drafters.index("draft-tiny")
-    outcomes = []
-
-    def see(outcome):
-        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
-
     best = tokens_per_s(replay_run(record, clock, BEST, BATCH))
-    got = tokens_per_s(replay_run(record, clock, "adaptive", BATCH, seed=0, plan_profile=stale,
-                                  wrap=lambda p: Observing(p, see)))
-    half = outcomes[len(outcomes) // 2:]
-    on_tiny = sum(int(((d == tiny) & spec).sum()) for d, spec in half)
-    drafted = sum(int(spec.sum()) for _, spec in half)
-    assert on_tiny >= 0.9 * drafted, (on_tiny, drafted)
+    got, on_tiny = late_share_on(record, clock, "adaptive", BATCH, "draft-tiny", seed=0, plan_profile=stale)
+    assert on_tiny >= 0.9, on_tiny
     assert got >= 0.97 * best, got / best

@@ -10,7 +10,7 @@ import pytest
 
 from control.bench.replay import ReplayRecord, replay_run, tokens_per_s
 from control.profile import load_profile, parse_profile
-from tests.conftest import Observing
+from tests.conftest import late_share_on
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "control" / "bench" / "data" / "replay-stdlib-full.npz"
@@ -42,19 +42,9 @@ def test_exploration_finds_the_draft_model_a_stale_profile_overprices(record):
     it is drawn, measured at the clock's price, and drafts for most of the run."""
     clock = load_profile(PROFILE)
     stale = overpriced(clock, OVERPRICED)
-    tiny = record.drafters.index("draft-tiny")
-    outcomes = []  # (drafter (n,), drafted (n,) bool) per step
-
-    def see(outcome):
-        outcomes.append((outcome.drafter.copy(), outcome.verified > 0))
-
     best = tokens_per_s(replay_run(record, clock, BEST, BATCH))
-    got = tokens_per_s(replay_run(record, clock, "adaptive", BATCH, seed=0, plan_profile=stale,
-                                  wrap=lambda p: Observing(p, see)))
-    half = outcomes[len(outcomes) // 2:]
-    on_tiny = sum(int(((d == tiny) & spec).sum()) for d, spec in half)
-    drafted = sum(int(spec.sum()) for _, spec in half)
-    assert on_tiny >= 0.7 * drafted, (on_tiny, drafted)
+    got, on_tiny = late_share_on(record, clock, "adaptive", BATCH, "draft-tiny", seed=0, plan_profile=stale)
+    assert on_tiny >= 0.7, on_tiny
     assert got >= 0.98 * best, got / best
 
 
