@@ -82,13 +82,17 @@ def test_a_batch_planned_on_the_worse_draft_model_moves_to_the_better_one_as_it_
     """Planned from a profile whose draft prices were timed under load (draft-small's per-token work
     at 0.25 ms against 0.44), adaptive started on draft-small and its new requests prefilled it;
     draft-tiny, better on the clock the run keeps, was charged the whole batch's catch-up, so the
-    batch stayed on draft-small (policy seed 0: 0.90 of the best fixed configuration). Now new
-    requests prefill the model a request in sync with both would draft faster on, and the batch
-    moves over as its old requests finish (docs/decisions.md, 2026-11-29 (stop 60))."""
+    batch stayed on draft-small (policy seeds 0-3: 0.899-0.962 of the best fixed configuration, none
+    of them on draft-tiny). Now new requests prefill the model a request in sync with both would draft
+    faster on, and the batch moves over as its old requests finish (docs/decisions.md, 2026-11-29
+    (stop 60))."""
     data = ROOT / "control" / "bench" / "data"
     clock = load_profile(data / "profile-avx2-stdlib-full.yaml")
     stale = load_profile(data / "profile-avx2-stdlib-full-bare-loaded.yaml")
     best = tokens_per_s(replay_run(record, clock, BEST, BATCH))
-    got, on_tiny = late_share_on(record, clock, "adaptive", BATCH, "draft-tiny", seed=0, plan_profile=stale)
-    assert on_tiny >= 0.9, on_tiny
-    assert got >= 0.97 * best, got / best
+    runs = [late_share_on(record, clock, "adaptive", BATCH, "draft-tiny", seed=seed, plan_profile=stale)
+            for seed in range(4)]
+    ratios = [got / best for got, _ in runs]
+    moved = sum(on_tiny >= 0.9 for _, on_tiny in runs)
+    assert moved >= 3, [round(on, 3) for _, on in runs]
+    assert np.mean(ratios) >= 0.975, np.round(ratios, 4)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from control.policy.adaptive.draft_prices import OBS_SD, PRIOR_SD, DraftPrices
+from control.policy.adaptive.draft_prices import OBS_SD, OWN_SD, PRIOR_SD, SHARED_SD, DraftPrices
 from control.policy.adaptive.refit import CostRefit
 from control.policy.types import StepOutcome
 from tests.conftest import make_profile
@@ -22,13 +22,30 @@ def test_the_posterior_starts_at_the_profile_and_narrows_towards_the_measured_pr
     for _ in range(4):
         p.observe(0, 1.0, 1.4)  # model 0 runs at 1/1.4 of its profiled price
     mean, sd = p.posterior()
-    var = 1.0 / (1.0 / PRIOR_SD ** 2 + 4 / OBS_SD ** 2)
+    var = 1.0 / (1.0 / PRIOR_SD ** 2 + 4 / OBS_SD ** 2)  # nothing else measured: the prior is PRIOR_SD's
     assert mean[0] == pytest.approx(var * 4 * math.log(1 / 1.4) / OBS_SD ** 2)
     assert math.log(1 / 1.4) < mean[0] < 0.85 * math.log(1 / 1.4)  # most of the way, shrunk to the profile
     assert sd[0] == pytest.approx(math.sqrt(var)) and sd[0] < PRIOR_SD / 3
-    assert mean[1] == 0.0 and sd[1] == PRIOR_SD  # the other model is untouched
+    assert mean[2] == 0.0 and sd[2] == 0.0  # n-gram has no passes to price
     p.observe(1, 0.0, 1.0)  # a step without time is no evidence
     assert p.n[1] == 0
+
+
+def test_a_model_never_run_is_priced_as_the_measured_ones_are_off():
+    """A profile's draft prices are off mostly together (another machine or load): a model never run
+    moves towards the measured models' error by the share of the prior that is common (SHARED_SD), and
+    its own steps then take over; the measured model's own steps outweigh the other's."""
+    p = DraftPrices(IS_MODEL)
+    for _ in range(50):
+        p.observe(0, 1.0, 2.0)  # model 0 at half its profiled price, measured well
+    mean, sd = p.posterior()
+    common = SHARED_SD ** 2 / PRIOR_SD ** 2
+    assert mean[1] == pytest.approx(common * mean[0], rel=0.05) and mean[1] < 0.6 * math.log(0.5)
+    assert OWN_SD < sd[1] < PRIOR_SD  # narrower than the prior, no narrower than its own part
+    for _ in range(50):
+        p.observe(1, 1.0, 1.0)  # model 1 measured at its profiled price
+    mean, sd = p.posterior()
+    assert abs(mean[1]) < 0.1 * abs(math.log(0.5)) and mean[0] < 0.9 * math.log(0.5)
 
 
 def test_medians_are_the_draws_centre_for_the_models_still_at_the_profiles_price():
@@ -40,7 +57,7 @@ def test_medians_are_the_draws_centre_for_the_models_still_at_the_profiles_price
     med = p.medians()
     assert med.shape == (1, 3)
     assert med[0, 0] == pytest.approx(math.exp(p.posterior()[0][0])) and med[0, 0] < 1.0
-    assert med[0, 1] == 1.0 and med[0, 2] == 1.0
+    assert med[0, 0] < med[0, 1] < 1.0 and med[0, 2] == 1.0  # the unmeasured model part of the way
     p.fitted[:2] = True
     assert p.medians() is None
 

@@ -2,10 +2,17 @@
 posterior the drafter exploration draws from: cost uncertainty beside acceptance uncertainty.
 
 One observation per step in which draft model i alone ran passes (``refit.py`` attributes the time),
-y = log(measured draft ms / the profile's prediction for those passes):
+y = log(measured draft ms / the profile's prediction for those passes). A profile's prices are off
+mostly together (another machine, another load, other threads), so each model's error is a common
+part and its own, log_scale_i = g + e_i, g ~ Normal(0, SHARED_SD^2), e_i ~ Normal(0, OWN_SD^2)
+(SHARED_SD^2 + OWN_SD^2 = PRIOR_SD^2). The other models' means ybar_j over n_j steps give g, then
+model i's own steps narrow it:
 
-    log_scale_i ~ Normal(mu_i, s_i^2),   1 / s_i^2 = 1 / PRIOR_SD^2 + n_i / OBS_SD^2,
-    mu_i = s_i^2 * sum(y_i) / OBS_SD^2
+    w_j = 1 / (OWN_SD^2 + OBS_SD^2 / n_j),   1 / v_g = 1 / SHARED_SD^2 + sum_{j != i} w_j,
+    m_g = v_g * sum_{j != i} w_j ybar_j,      prior_i = Normal(m_g, v_g + OWN_SD^2),
+    1 / s_i^2 = 1 / (v_g + OWN_SD^2) + n_i / OBS_SD^2,   mu_i = s_i^2 (m_g / (v_g + OWN_SD^2) + sum(y_i) / OBS_SD^2)
+
+A model never run is priced as the measured ones are off (docs/decisions.md, 2026-11-29 (stop 60)).
 
 While the cost refit still prices model i at the profile's price (it has not adopted a fit of its
 own), exploration prices i's draft passes and catch-up at exp(draw) times that. A model a stale
@@ -22,6 +29,10 @@ import numpy as np
 PRIOR_SD = 0.3  # log sd of a profile's draft price before any measurement: a profile measured under load
 # priced the CPU pair's draft passes 30-60% high relative to the target's (docs/validation.md, stop 35)
 OBS_SD = 0.2  # log sd of one step's draft time around its price: the CPU profiles' draft-model MAPE is 12-19%
+SHARED_SD = 0.25  # of PRIOR_SD, the part common to every draft model: the AVX2 profile timed under load
+# prices the full pair's drafts' per-token work 44% (draft-small) and 30% (draft-tiny) under that
+# machine's engine clock, and the stored AVX-512 profile at 28% and 37% of the AVX2 one's
+OWN_SD = math.sqrt(PRIOR_SD ** 2 - SHARED_SD ** 2)  # the part each model's error has of its own
 
 
 class DraftPrices:
@@ -45,8 +56,15 @@ class DraftPrices:
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """(m,) mean and (m,) sd of each drafter's log price error (sd 0 for drafters without passes)."""
         if self._post is None:
-            var = 1.0 / (1.0 / PRIOR_SD ** 2 + self.n / OBS_SD ** 2)  # (m,)
-            mean = var * self.sum_y / OBS_SD ** 2
+            n = np.where(self.is_model, self.n, 0.0)  # (m,)
+            seen = n > 0.0
+            w = np.where(seen, 1.0 / (OWN_SD ** 2 + OBS_SD ** 2 / np.maximum(n, 1.0)), 0.0)  # (m,)
+            wy = np.where(seen, w * self.sum_y / np.maximum(n, 1.0), 0.0)  # (m,) w_j * ybar_j
+            v_g = 1.0 / (1.0 / SHARED_SD ** 2 + w.sum() - w)  # (m,) the common part without model i
+            m_g = v_g * (wy.sum() - wy)
+            prior_var = v_g + OWN_SD ** 2
+            var = 1.0 / (1.0 / prior_var + n / OBS_SD ** 2)  # (m,)
+            mean = var * (m_g / prior_var + self.sum_y / OBS_SD ** 2)
             self._post = np.where(self.is_model, mean, 0.0), np.where(self.is_model, np.sqrt(var), 0.0)
         return self._post
 
