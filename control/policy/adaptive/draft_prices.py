@@ -56,16 +56,15 @@ class DraftPrices:
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """(m,) mean and (m,) sd of each drafter's log price error (sd 0 for drafters without passes)."""
         if self._post is None:
-            n = np.where(self.is_model, self.n, 0.0)  # (m,)
-            seen = n > 0.0
-            w = np.where(seen, 1.0 / (OWN_SD ** 2 + OBS_SD ** 2 / np.maximum(n, 1.0)), 0.0)  # (m,)
-            wy = np.where(seen, w * self.sum_y / np.maximum(n, 1.0), 0.0)  # (m,) w_j * ybar_j
+            n = self.n * self.is_model  # (m,)
+            inv_n = 1.0 / np.maximum(n, 1.0)
+            w = (n > 0.0) / (OWN_SD ** 2 + OBS_SD ** 2 * inv_n)  # (m,) 0 for a model never measured
+            wy = w * self.sum_y * inv_n  # (m,) w_j * ybar_j
             v_g = 1.0 / (1.0 / SHARED_SD ** 2 + w.sum() - w)  # (m,) the common part without model i
-            m_g = v_g * (wy.sum() - wy)
             prior_var = v_g + OWN_SD ** 2
             var = 1.0 / (1.0 / prior_var + n / OBS_SD ** 2)  # (m,)
-            mean = var * (m_g / prior_var + self.sum_y / OBS_SD ** 2)
-            self._post = np.where(self.is_model, mean, 0.0), np.where(self.is_model, np.sqrt(var), 0.0)
+            mean = var * (v_g * (wy.sum() - wy) / prior_var + self.sum_y / OBS_SD ** 2)
+            self._post = mean * self.is_model, np.sqrt(var) * self.is_model
         return self._post
 
     def draws(self, rng: np.random.Generator, samples: int) -> np.ndarray | None:
