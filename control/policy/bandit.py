@@ -21,8 +21,8 @@ posterior probability of being the best (Thompson sampling on acceptance through
 so a drafter that the profile and the outcomes so far make clearly worse is not tried for whole
 chunks of steps: SPIN assumes no prior, and uniform exploration of a dominated drafter costs more
 than it can teach (docs/decisions.md, 2026-11-22). Requests the owner flags in ``assign`` (``sync_rows``) draw
-with ``sync_p`` instead: the adaptive policy's requests in sync with its favourite draft model, whose
-move there costs no catch-up that the others' does. It also sets ``prior_slots``: a request's own
+with ``sync_p`` instead: the adaptive policy's requests in sync with its favourite (or migration
+target) draft model, whose move there costs no catch-up that the others' does. It also sets ``prior_slots``: a request's own
 mean reward on a drafter, from a few noisy steps, is shrunk to the drafter's pooled mean, so the
 matching does not keep on a worse drafter the requests whose first rewards there were luckiest.
 While exploiting, the owner may instead name one drafter for the whole batch (``assign``'s ``whole``):

@@ -11,9 +11,10 @@ T_i includes the drafting part D_i and the catch-up; x_i is a draw of the draft 
 the profile's (``draft_prices.py``) while the cost refit still prices it at the profile, else 1.
 
 Requests the bandit puts on different draft models in one step all move to one of them (each model
-in a step pays its own k passes; the cohort priced apart, below, and the rest each to their own): the most used one, or while exploring the one likeliest best, the
-favourite on a near tie, except that from the second epoch a model still unmeasured (fewer than
-``PROBE_TRIALS`` first-position trials) keeps the requests drawn for it. The favourite is the model
+in a step pays its own k passes; the cohort priced apart, below, and the rest each to their own): the
+most used one, or while exploring the one likeliest best, the favourite on a near tie, except that
+from the second epoch a model still unmeasured (fewer than ``PROBE_TRIALS`` first-position trials)
+keeps the requests drawn for it. The favourite is the model
 that drafted most last step (at first the profile's best model); new requests prefill its state while
 it is likeliest best (P >= ``PREFILL_SHARE`` while exploring; at first, while the profile's best drafter
 is a model), or while exploiting, while at least that share of the batch drafts on a model. Otherwise a
@@ -131,7 +132,7 @@ class DrafterChoice:
         self.whole_batch = bool(self.bandit is not None and not b.capacities)
         self.exploit = -1
         self._last_values: np.ndarray | None = None  # (m,) the last exploiting decision's modelled goodput
-        # the requests in sync with the favourite draft model where the rest lag there (None: no split),
+        # the requests in sync with the favourite (or target) draft model where the rest lag there (None: no split),
         # and their choice: exploring, their draw probabilities; exploiting, their drafter (module doc)
         self.sync_rows: np.ndarray | None = None  # (n,) bool
         self.sync_p: np.ndarray | None = None  # (m,)
@@ -215,7 +216,7 @@ class DrafterChoice:
         b = self.bandit
         if b is None:
             return -1
-        if self.prefills and self.target >= 0:  # prefilled there
+        if self.target >= 0:  # prefilled there (``note_favourite``: a target always prefills)
             return self.target
         if b.exploring:
             p = self.sync_p if self.prefills and self.sync_p is not None else b.explore_p
@@ -227,7 +228,7 @@ class DrafterChoice:
     def prefill_model(self) -> int:
         """The plan drafter whose state new requests prefill (-1: none known): the migration target
         while there is one, else the favourite."""
-        return self.target if self.target >= 0 and self.prefills else self.fav
+        return self.target if self.target >= 0 else self.fav
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
         """(m,) bool: the plan's drafters the executor runs (the same array while the map is)."""
@@ -244,7 +245,8 @@ class DrafterChoice:
 
     def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:
         """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc);
-        also sets ``sync_rows`` and ``sync_p``, the same for the requests in sync with the favourite."""
+        also sets ``target``, ``sync_rows`` and ``sync_p``, the same for the requests in sync with the
+        favourite or the target."""
         m = len(self.ctx.drafters)
         mean, cov = self._rates(self.ctx.prior_rate, self.evidence)  # (m,), (m, m) log-odds
         v = mean + self._rng.standard_normal((THOMPSON_SAMPLES, m)) @ np.linalg.cholesky(cov).T  # (S, m)
@@ -273,7 +275,8 @@ class DrafterChoice:
 
     def exploit_best(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> int:
         """The drafter with the best modelled goodput for this batch at the posterior means (module doc);
-        also sets ``sync_rows`` and ``exploit_sync``, the same for the requests in sync with the favourite."""
+        also sets ``target``, ``sync_rows`` and ``exploit_sync``, the same for the requests in sync with
+        the favourite or the target."""
         mean, _ = self._posterior()
         rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
         mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
@@ -282,7 +285,8 @@ class DrafterChoice:
         best = self._values(view, cost, tokens, inv, mult, catch)[0]  # (m,)
         self._last_values = best
         whole = int(np.argmax(np.where(allowed, best, -np.inf)))
-        self.target = self._migration_target(view, cost, tokens, inv, mult, allowed, whole)
+        # nothing lagging: the batch's choice is already the one in sync (no second evaluation)
+        self.target = -1 if catch is None else self._migration_target(view, cost, tokens, inv, mult, allowed, whole)
         anchor = self.target if self.target >= 0 else self.fav
         self.sync_rows = self._cohort(view, to_exec, None if whole == anchor else catch, anchor)
         if self.sync_rows is None:
