@@ -188,7 +188,11 @@ class StepOutcome:
     the executor's bookkeeping, and whatever the loop did before starting this step, such as
     delivering outputs), measured only when that step left requests decoding (else NaN);
     ``prev_loop_requests`` is that step's batch size. ``ngram_avail``: the step's view's (n,) n-gram
-    lookup proposals (``StepView.ngram_avail``), or None.
+    lookup proposals (``StepView.ngram_avail``), or None. ``ngram_match``: (n,) how many leading tokens
+    of that lookup's proposal the step committed, compared against the committed tokens only (so at
+    most min(ngram_avail, accepted + 1)): what the lookup would have got accepted, scored for free
+    whatever the request drafted with; -1 where not scored (no proposal, or the request stopped this
+    step); None where the executor does not score lookups.
     """
 
     slots: np.ndarray
@@ -214,6 +218,7 @@ class StepOutcome:
     prev_loop_ms: float = math.nan
     prev_loop_requests: int = 0
     ngram_avail: np.ndarray | None = None
+    ngram_match: np.ndarray | None = None
 
     @property
     def n(self) -> int:

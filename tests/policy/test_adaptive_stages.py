@@ -303,8 +303,9 @@ def test_refit_reads_caught_up_draft_tokens_at_their_own_price():
 
 def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_one():
     """``learn_pooled`` over queued steps (two drafters, the second an n-gram lookup, categories,
-    confidences, steps where nobody drafted) leaves the pooled estimators as ``learn`` step by step
-    does, to rounding: the lookup's rates by proposal length too, their ageing with the steps included."""
+    confidences, steps where nobody drafted, lookups scored on other drafters' steps or not at all)
+    leaves the pooled estimators as ``learn`` step by step does, to rounding: the lookup's rates by
+    proposal length too, their ageing with the steps included."""
     from control.goodput.estimators import chain_trials
     from control.policy.adaptive.survival import PooledRows
 
@@ -319,9 +320,11 @@ def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_on
         drafted = rng.integers(0, K + 1, n) * (step % 5 != 3)  # step 3 and 8: nobody drafts
         accepted = np.minimum(rng.integers(0, K + 1, n), drafted)
         conf = np.where(np.arange(K)[None, :] < drafted[:, None], rng.uniform(0.05, 1.0, (n, K)), np.nan)
+        avail = rng.integers(0, K + 3, n)
+        match = None if step % 4 == 1 else np.minimum(rng.integers(-1, K + 1, n), np.minimum(avail, accepted + 1))
         out = StepOutcome(slots=np.arange(n), request_ids=np.arange(n), drafter=d, ctx_lens=np.full(n, 300),
                           drafted=drafted, verified=drafted, accepted=accepted, confidence=conf,
-                          category=rng.integers(-1, 4, n), step=step, ngram_avail=rng.integers(0, K + 3, n))
+                          category=rng.integers(-1, 4, n), step=step, ngram_avail=avail, ngram_match=match)
         s, t = chain_trials(drafted, accepted)
         spec = drafted > 0
         if not spec.any():
@@ -329,7 +332,7 @@ def test_survival_stage_learns_several_steps_at_once_as_it_learns_them_one_by_on
         uniform = bool((d == d[0]).all())
         one.learn(out, d, drafted, spec, s, t, uniform)
         many.learn_request(out.slots, d, s, t, spec, uniform)
-        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf, uniform, out.ngram_avail)
+        rows.add(d, drafted, accepted, s, t, spec, drafted, out.category, conf, uniform, out.ngram_avail, match)
     many.learn_pooled(rows)
     np.testing.assert_allclose(many.by_avail[1]._counts, one.by_avail[1]._counts, rtol=1e-12)
     assert one.by_avail[1]._counts.any()

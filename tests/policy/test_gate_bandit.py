@@ -630,3 +630,30 @@ def test_adaptive_moves_a_batch_to_the_draft_model_it_would_choose_in_sync_as_th
     assert ch._one_model_per_step(np.where(new, 1, 0)).tolist() == [0] * (n - 2) + [1, 1]  # two models
     ch.sync_rows = None
     assert ch._one_model_per_step(np.where(new, 1, 0)).tolist() == [0] * n  # no cohort: the most used
+
+
+def test_a_lookup_the_executor_scores_is_not_explored_and_takes_a_batch_only_by_a_margin():
+    """Where every step scores the lookup (``StepOutcome.ngram_match``), drafting on it teaches
+    nothing: exploration draws n-gram only where it beats the draft model at the posterior means, and
+    a batch on the draft model moves to it only by ``LEAVE_MARGIN`` (its requests would fall out of
+    sync with the model); one already on n-gram stays while n-gram is ahead at all."""
+    from control.policy.adaptive.drafters import LEAVE_MARGIN
+
+    allowed = np.array([True, True])
+    pol, view = _adaptive_two_drafters({"draft": 0.8, "ngram": 0.55})
+    assert 0.1 < _explore(pol, view, allowed)[1] < 0.9  # a plausible rival while it must be tried
+    pol.choice.lookups_scored = True
+    assert _explore(pol, view, allowed)[1] == 0.0  # worse at the means: never drawn
+    for _ in range(20):  # scored at 0.95 it wins at the means, and is drawn where no model's draw beats it
+        measure(pol.choice, 0, lambda p: 0.75, requests=2, steps=5)
+        measure(pol.choice, 1, lambda p: 0.95, requests=4, steps=5)
+    assert _explore(pol, view, allowed)[1] > 0.9
+    ch = pol.choice
+    ch.exploit = 0  # the batch on the draft model
+    below, above = 1.0 + 0.5 * LEAVE_MARGIN, 1.0 + 2.0 * LEAVE_MARGIN
+    assert ch._stay_off_lookup(np.array([1.0, below]), 1, allowed) == 0
+    assert ch._stay_off_lookup(np.array([1.0, above]), 1, allowed) == 1
+    ch.exploit = 1  # already on n-gram
+    assert ch._stay_off_lookup(np.array([1.0, 1.001]), 1, allowed) == 1
+    ch.exploit, ch.lookups_scored = 0, False  # unscored, n-gram is learned only by drafting on it
+    assert ch._stay_off_lookup(np.array([1.0, below]), 1, allowed) == 1

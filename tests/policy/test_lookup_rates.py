@@ -71,3 +71,35 @@ def test_a_proposal_length_no_longer_drafted_fades_back_to_its_prior():
     assert 0.45 < lr.curves()[K, 0] <= prior[0]  # five half-lives: most of the way back
     assert lr.curves()[2, 0] > 0.9
 
+
+
+def test_a_lookup_scored_on_another_drafters_step_teaches_its_rates_up_to_the_committed_tokens():
+    """Requests drafting on a draft model still have their lookup scored against the tokens the step
+    committed (``StepOutcome.ngram_match``): the lookup's rates learn those positions, and no further;
+    a request drafting on the lookup is learned once, from its draft."""
+    from control.goodput.estimators import chain_trials
+    from control.policy.adaptive.survival import AcceptanceModel
+    from control.policy.types import StepOutcome
+
+    d = np.array([0, 0, 0, 0, 1])  # four on the draft model, one on the lookup
+    drafted = np.array([3, 3, 3, 3, 2])
+    accepted = np.array([3, 1, 0, 2, 2])  # committed: accepted + 1
+    avail = np.array([4, 4, 4, 0, 4])
+    match = np.array([4, 1, 0, -1, 2])  # all 4 committed; a miss at 1; a miss at 0; no proposal; its own draft
+    s, t = chain_trials(drafted, accepted)
+
+    def learned(ngram_match):
+        model = AcceptanceModel(np.full((2, K), 0.6), 8.0, 8, np.array([True, False]), np.array([False, True]))
+        out = StepOutcome(slots=np.arange(5), request_ids=np.arange(5), drafter=d, ctx_lens=np.full(5, 50),
+                          drafted=drafted, verified=drafted, accepted=accepted, ngram_avail=avail,
+                          ngram_match=ngram_match)
+        model.learn(out, d, drafted, drafted > 0, s, t, False)
+        return model.by_avail[1].rates[3]  # proposal length 4
+
+    scored, alone = learned(match), learned(None)
+    # the lookup's own draft: positions 0-1 tried and accepted; scored: 4 positions all accepted,
+    # 2 with a miss at 1, 1 with a miss at 0
+    np.testing.assert_allclose(alone.trials[:4], [1, 1, 0, 0])
+    np.testing.assert_allclose(alone.succ[:4], [1, 1, 0, 0])
+    np.testing.assert_allclose(scored.trials[:4], [4, 3, 1, 1])
+    np.testing.assert_allclose(scored.succ[:4], [3, 2, 1, 1])

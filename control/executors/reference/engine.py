@@ -61,7 +61,7 @@ from control.executors.reference.sampler import Sampler
 from control.executors.reference.sampling import PositionNoise
 from control.executors.reference.slots import SlotTable, ViewRows
 from control.executors.step.kernel import run_step, step_outcome
-from control.executors.step.ngram import lookup_avail
+from control.executors.step.ngram import lookup_avail, lookup_match
 from control.executors.step.stop import StopRules, apply_stop
 from control.executors.step.view import build_view
 from control.executors.streams import OutputStreams
@@ -420,6 +420,16 @@ class ReferenceEngine:
             return None
         return lookup_avail(self.tok, self.n_tok, dec, self.max_k, g.max_n, g.min_n)
 
+    def _lookup_match(self, dec: np.ndarray, view: StepView, accepted: np.ndarray, finished: np.ndarray) -> np.ndarray | None:
+        """(n,) ``StepOutcome.ngram_match`` of the step just committed (None: no n-gram drafter)."""
+        g = self._ngram
+        if g is None or view.ngram_avail is None:
+            return None
+        committed = accepted + 1  # (n,) tokens each request's step appended, unless it stopped
+        if finished.size:
+            committed = np.where(np.isin(view.request_ids, finished), 0, committed)
+        return lookup_match(self.tok, self.n_tok, dec, committed, view.ngram_avail, g.max_n, g.min_n)
+
     def _decode(self, dec: np.ndarray, view: StepView, decision: Decision, policy: Policy,
                 stats: IterationStats) -> list[RequestOutput]:
         """One decode step, the step kernel's procedure (``control/executors/step``) over this
@@ -431,10 +441,12 @@ class ReferenceEngine:
         accepted, verified = res.verdict.accepted, res.verified
         parts.roll_back(accepted)
         outputs, finished = self._commit_step(dec, parts.reqs, res.drafts.tokens, verified, accepted, res.verdict.bonus)
+        finished_ids = np.array(finished, dtype=I64)
         outcome = step_outcome(
-            view, res, np.maximum(view.drafter, 0), np.array(finished, dtype=I64), verify_ms=res.verdict.ms,
+            view, res, np.maximum(view.drafter, 0), finished_ids, verify_ms=res.verdict.ms,
             total_ms=(self.clock() - t_start) * 1e3, now=self.clock() - self._t0, step=view.step,
             prev_loop_ms=self._loop_prev[0], prev_loop_requests=self._loop_prev[1],
+            ngram_match=self._lookup_match(dec, view, accepted, finished_ids),
         )
         if self.calls.worker is not None and not self.calls.fresh:
             self.calls.hold(policy, outcome)  # observed by the worker during the next step, after it decides

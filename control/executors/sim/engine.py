@@ -404,7 +404,7 @@ class SimEngine:
         if ch_tok:
             self._commit_chunks(r, chunks, chunk_len)
         if n:
-            self._observe(r, view, sp, finished, t_verify, t_total, ch_tok, chunk_prior)
+            self._observe(r, view, sp, finished, t_verify, t_total, ch_tok, chunk_prior, self._lookup_match(view, gen0, sp))
         retire = dec if finished.size else r.zeros[:0]
         if ch_tok:
             retire = np.concatenate([retire, chunks])
@@ -436,6 +436,16 @@ class SimEngine:
         if self._ngram < 0 or not rid.size:
             return None
         return np.minimum(self._limit(rid, gen0, self._ngram), self.cfg.max_k)
+
+    def _lookup_match(self, view: StepView, gen0: np.ndarray, sp: _Spec) -> np.ndarray | None:
+        """(n,) ``StepOutcome.ngram_match``: the recorded lookup's matching prefix at each request's
+        position, within the tokens the step committed (-1: no proposal, or the request stopped early)."""
+        avail = view.ngram_avail
+        if avail is None or self._ngram < 0:
+            return None
+        lead = self.proc.leading_all(view.request_ids, gen0)[:, self._ngram]  # (n,)
+        scored = (avail > 0) & (sp.gen_step == sp.accepted + 1)  # (n,) bool
+        return np.where(scored, np.minimum(np.minimum(lead, avail), sp.gen_step), -1)
 
     def _speculate(self, r: _Run, view: StepView, decision: Decision, gen0: np.ndarray) -> _Spec:
         """Steps 2-5 of the step kernel for the n decoding requests, over the simulator's parts."""
@@ -591,10 +601,11 @@ class SimEngine:
             r.first[sl.rid[fin]] = r.clock.now
 
     def _observe(self, r: _Run, view: StepView, sp: _Spec, finished, t_verify: float, t_total: float,
-                 ch_tok: int, chunk_prior: int) -> None:
+                 ch_tok: int, chunk_prior: int, ngram_match: np.ndarray | None) -> None:
         """Step 7: the outcome the policy observes (every request reports the drafter decided)."""
         outcome = step_outcome(view, sp.step, sp.drafter, finished, verify_ms=t_verify, total_ms=t_total,
-                               now=r.clock.now, step=r.clock.step, prefill_tokens=ch_tok, prefill_ctx_tokens=chunk_prior)
+                               now=r.clock.now, step=r.clock.step, prefill_tokens=ch_tok, prefill_ctx_tokens=chunk_prior,
+                               ngram_match=ngram_match)
         r.policy.observe(outcome)
         r.tally.add_series(r.clock.now, view.n, sp.ksum, int(sp.accepted.sum()), sp.vsum)
 

@@ -4,6 +4,8 @@ The longest suffix of the context (n = ``max_n`` down to ``min_n`` tokens) that 
 the context proposes the tokens that followed its latest earlier occurrence. ``ngram_available``
 counts those tokens without copying them: what the step view reports (``StepView.ngram_avail``), so
 the policy knows, before it decides, how many tokens a lookup asked for k would propose.
+``lookup_match`` scores, after a step, the lookup each request's context proposed at its start
+against the tokens the step committed (``StepOutcome.ngram_match``), whatever the request drafted with.
 """
 
 from __future__ import annotations
@@ -53,4 +55,25 @@ def lookup_avail(tokens: np.ndarray, n_tok: np.ndarray, slots: np.ndarray, k: in
     out = np.zeros(slots.shape[0], dtype=I64)  # (n,)
     for i, s in enumerate(slots.tolist()):
         out[i] = ngram_available(tokens[s, : n_tok[s]], k, max_n, min_n)
+    return out
+
+
+def lookup_match(tokens: np.ndarray, n_tok: np.ndarray, slots: np.ndarray, committed: np.ndarray, avail: np.ndarray,
+                 max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> np.ndarray:
+    """(n,) int64 ``StepOutcome.ngram_match``: for each slot whose step committed ``committed`` (n,)
+    tokens (the last ones of its ``n_tok`` (S,) in ``tokens`` (S, L)), how many leading tokens of the
+    lookup its context proposed before them, cut at ``avail`` (n,), those tokens repeat; -1 where
+    nothing was committed or proposed (a request that stopped in the step: its caller passes 0)."""
+    out = np.full(slots.shape[0], -1, dtype=I64)  # (n,)
+    for i in np.flatnonzero((committed > 0) & (avail > 0)).tolist():
+        s = int(slots[i])
+        end = int(n_tok[s])
+        cut = end - int(committed[i])  # the context at the step's start: tokens[s, :cut]
+        start = match_start(tokens[s, :cut], max_n, min_n)
+        if start == NO_MATCH:
+            out[i] = 0
+            continue
+        w = min(int(avail[i]), cut - start, end - cut)
+        same = tokens[s, start: start + w] == tokens[s, cut: cut + w]  # (w,) bool
+        out[i] = w if same.all() else int(np.argmin(same))
     return out

@@ -55,6 +55,13 @@ lookups last):
 
     tokens_ngram(k) = 1 + sum_a share_a sum_{j < min(k, a)} S_a[j]
     T_ngram(k) = T(sum_a share_a min(k, a))   (interpolated between uniform draft lengths).
+
+Where the executor scores every request's lookup against the tokens its step committed
+(``StepOutcome.ngram_match``, ``lookups_scored``), S_a is learned whatever drafts, so drafting on the
+lookup teaches nothing: exploration draws it only where it beats every draft model at the posterior
+means (``_known_lookup``), and a batch on a draft model moves to it only where it models
+``LEAVE_MARGIN`` faster than the best model (``_stay_off_lookup``), since its requests fall out of sync
+with the models and coming back costs their catch-up (docs/decisions.md, 2026-11-29 (stop 61)).
 """
 
 from __future__ import annotations
@@ -90,6 +97,9 @@ LOOKUP_MEMORY = 256.0  # request-steps of lookups whose proposal lengths price n
 PREFILL_SHARE = 0.5  # new requests prefill the favourite draft model's state while it is at least this likely
 # the best drafter (exploring), or at least this share of the batch drafts on a draft model (exploiting):
 # below it most prefills would be spent on requests that never use the state
+LEAVE_MARGIN = 0.03  # a batch on a draft model moves to a scored lookup only when the lookup models this much
+# faster: its requests fall out of sync with the models, and coming back costs their catch-up (a lookup
+# within 2% of draft-tiny took batch 16 for good on the AVX2 machine's clock, 0.99 of the best fixed)
 MIGRATE_MARGIN = 0.02  # new requests prefill another draft model than the batch's when a request in sync
 # with both would draft this much faster on it at the posterior means (then while it leads at all): the
 # batch moves over as it turns over, two models drafting in a step meanwhile
@@ -123,6 +133,7 @@ class DrafterChoice:
         self._may_prefill = bool(self.bandit is not None and self.is_model.any() and not b.capacities)
         self.fav, self.prefills = -1, False
         self.target = -1  # the draft model new requests prefill instead of ``fav`` (-1: none; ``_migration_target``)
+        self.lookups_scored = False  # the executor scores every lookup (``StepOutcome.ngram_match``): n-gram needs no trial
         if self._consolidate or self._may_prefill:
             value = self._profile_values(ctx)  # (m,)
             self.fav = int(np.argmax(np.where(self.is_model, value, -np.inf)))
@@ -260,11 +271,13 @@ class DrafterChoice:
             best = self._values(view, cost, tokens, inv, mult, catch)  # (S, m)
             if not allowed.all():
                 best[:, ~allowed] = -np.inf
+            if self.lookups_scored:
+                self._known_lookup(best, self._values(view, cost, priced[THOMPSON_SAMPLES:], inv, med, catch)[0], allowed)
             return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
 
+        med = None if self.prices is None else self.prices.medians()  # (1, m) or None
         catch = self._catch_up_ms(view, to_exec, cost)
         p = probs(catch)
-        med = None if self.prices is None else self.prices.medians()  # (1, m) or None
         self.target = self._migration_target(view, cost, priced[THOMPSON_SAMPLES:], inv, med, allowed, int(np.argmax(p)))
         anchor = self.target if self.target >= 0 else self.fav
         settled = anchor >= 0 and p[anchor] >= PREFILL_SHARE  # the batch's draws favour the anchor already
@@ -285,6 +298,7 @@ class DrafterChoice:
         best = self._values(view, cost, tokens, inv, mult, catch)[0]  # (m,)
         self._last_values = best
         whole = int(np.argmax(np.where(allowed, best, -np.inf)))
+        whole = self._stay_off_lookup(best, whole, allowed)
         # nothing lagging: the batch's choice is already the one in sync (no second evaluation)
         self.target = -1 if catch is None else self._migration_target(view, cost, tokens, inv, mult, allowed, whole)
         anchor = self.target if self.target >= 0 else self.fav
@@ -296,6 +310,34 @@ class DrafterChoice:
             self.exploit_sync = int(np.argmax(np.where(allowed, synced, -np.inf)))
         self._sync_pick = self.exploit_sync
         return whole
+
+    def _known_lookup(self, best: np.ndarray, at_means: np.ndarray, allowed: np.ndarray) -> None:
+        """``best`` (S, m), each draw's goodput per drafter, with a scored lookup drawn nowhere unless it
+        beats every draft model at the posterior means ``at_means`` (m,) (by ``_leave_factor``), and
+        then wherever no model's draw beats it: every step scores the lookup whatever drafts
+        (``StepOutcome.ngram_match``), so drafting on it teaches nothing, while the requests it takes
+        fall out of sync with the models."""
+        models = self.is_model & allowed
+        if not models.any():
+            return
+        top = float(at_means[models].max())
+        for i in np.flatnonzero(self.is_ngram & allowed):
+            if at_means[i] <= top * self._leave_factor(i):
+                best[:, i] = -np.inf
+
+    def _leave_factor(self, i: int) -> float:
+        """How much better than the best draft model the lookup ``i`` must model to take a batch that is
+        not on it: its requests fall out of sync with the models, and coming back costs their catch-up."""
+        return 1.0 if self.exploit == i or not self.lookups_scored else 1.0 + LEAVE_MARGIN
+
+    def _stay_off_lookup(self, best: np.ndarray, whole: int, allowed: np.ndarray) -> int:
+        """``whole``, or the best allowed draft model where ``whole`` is a lookup that does not beat it
+        by ``_leave_factor`` (``best`` (m,): each drafter's modelled goodput)."""
+        models = self.is_model & allowed  # (m,) bool
+        if not self.is_ngram[whole] or not models.any():
+            return whole
+        top = int(np.argmax(np.where(models, best, -np.inf)))
+        return whole if best[whole] > best[top] * self._leave_factor(whole) else top
 
     def _migration_target(self, view: StepView, cost: StepCostModel, tokens: np.ndarray, inv: np.ndarray,
                           mult: np.ndarray | None, allowed: np.ndarray, whole: int) -> int:

@@ -399,8 +399,9 @@ class AdaptivePolicy(BasePolicy):
         else:
             self.acceptance.learn_request(outcome.slots, d_ctx, s, t, spec, uniform)
             rows.add(d_ctx, tried, outcome.accepted, s, t, spec, outcome.drafted, outcome.category, outcome.confidence,
-                     uniform, outcome.ngram_avail)
+                     uniform, outcome.ngram_avail, outcome.ngram_match)
         self.choice.learn(outcome.slots, d_ctx, s, t, spec, outcome.accepted)
+        self.choice.lookups_scored = outcome.ngram_match is not None
         self._refit(outcome, d_ctx, uniform)
         if self.bandit is not None and not self.choice.whole_batch:  # rewards feed the matching alone
             mine = self.choice.rewarded(outcome, d_ctx, spec)

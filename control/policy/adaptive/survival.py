@@ -17,12 +17,18 @@ view carries the lookup's proposal a_r (``StepView.ngram_avail``), survival come
 rates pooled over the steps whose lookup proposed the same a (``LookupRates``), and is 0 past a_r:
 
     surv[r, j] = prod_{j' <= j} lookup_rate[a_r, j']   (j < a_r),   0   (j >= a_r).
+
+Those rates learn from the requests that drafted on the lookup and, where the executor scores every
+lookup (``StepOutcome.ngram_match``), from every other request too (``lookup_evidence``): its lookup
+saw min(a_r, accepted_r + 1) committed tokens and matched the first ``ngram_match`` of them, a chain
+with a miss where the match stopped short of what it saw and none where it did not.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from control.goodput.acceptance import MAX_RATE
 from control.goodput.estimators import (
     CategoryRates,
     ConfidenceMap,
@@ -138,11 +144,12 @@ class AcceptanceModel:
         if outcome.confidence is not None and self.confidences.any():
             self.calibrate(outcome, d_ctx, spec)
         if outcome.ngram_avail is not None and self.by_avail:
+            avail = outcome.ngram_avail
             for i, lr in self.by_avail.items():
                 lr.age(1)
-                sel = spec & (d_ctx == i)  # (n,) bool
+                sel, acc, tr = lookup_evidence(spec & (d_ctx == i), outcome.accepted, t, avail, outcome.ngram_match)
                 if sel.any():
-                    lr.update(outcome.ngram_avail[sel], outcome.accepted[sel], t[sel])
+                    lr.update(avail[sel], acc[sel], tr[sel])
 
     def learn_request(self, slots: np.ndarray, d_ctx: np.ndarray, s: np.ndarray, t: np.ndarray, spec: np.ndarray,
                       uniform: bool) -> None:
@@ -200,9 +207,10 @@ class AcceptanceModel:
         avail, spec, d, step = rows.col("avail"), rows.col("spec"), rows.col("d"), rows.col("step")
         for i, lr in self.by_avail.items():
             lr.age(rows.steps)
-            sel = spec & (d == i) & (avail > 0)  # (rows,) bool: drafted on this lookup, its proposal known
+            on = spec & (d == i) & (avail > 0)  # (rows,) bool: drafted on this lookup, its proposal known
+            sel, acc, tr = lookup_evidence(on, rows.col("accepted"), rows.col("t"), avail, rows.col("match"))
             if sel.any():
-                lr.update_steps(avail[sel], rows.col("accepted")[sel], rows.col("t")[sel], step[sel], clock=rows.steps)
+                lr.update_steps(avail[sel], acc[sel], tr[sel], step[sel], clock=rows.steps)
 
     def _calibrate_rows(self, rows: PooledRows) -> None:
         conf = rows.col("conf")  # (rows, K), NaN where nothing was drafted
@@ -245,7 +253,7 @@ class AcceptanceModel:
 class PooledRows:
     """Several steps' outcomes, row by row, for ``AcceptanceModel.learn_pooled``."""
 
-    NAMES = ("d", "tried", "accepted", "s", "t", "spec", "drafted", "category", "conf", "avail")
+    NAMES = ("d", "tried", "accepted", "s", "t", "spec", "drafted", "category", "conf", "avail", "match")
 
     def __init__(self, K: int) -> None:
         self.K = K
@@ -256,10 +264,10 @@ class PooledRows:
         # (-2: no step yet, -1: not so)
 
     def add(self, d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, uniform: bool,
-            avail: np.ndarray | None = None) -> None:
-        """One step's (n,) arrays (``confidence`` (n, >= 1) or None; ``avail``: the step's
-        ``ngram_avail`` or None) that learned anything (some ``spec``)."""
-        self._parts.append((d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, avail))
+            avail: np.ndarray | None = None, match: np.ndarray | None = None) -> None:
+        """One step's (n,) arrays (``confidence`` (n, >= 1) or None; ``avail``, ``match``: the step's
+        ``ngram_avail`` and ``ngram_match`` or None) that learned anything."""
+        self._parts.append((d_ctx, tried, accepted, s, t, spec, drafted, category, confidence, avail, match))
         self.steps += 1
         i = int(d_ctx[0]) if uniform and d_ctx[0] >= 0 and (spec.shape[0] == 1 or spec.all()) else -1
         self.one = i if self.one in (-2, i) else -1
@@ -276,10 +284,10 @@ class PooledRows:
         if name == "step":
             return np.repeat(np.arange(len(parts)), [p[0].shape[0] for p in parts])
         j = self.NAMES.index(name)
-        if name in ("category", "conf", "avail"):
+        if name in ("category", "conf", "avail", "match"):
             if all(p[j] is None for p in parts):
                 return None
-            if name in ("category", "avail"):  # unknown: -1 (an unknown proposal teaches the lookup rates nothing)
+            if name != "conf":  # unknown: -1 (an unknown proposal or match teaches the lookup rates nothing)
                 return np.concatenate([np.full(p[0].shape[0], -1) if p[j] is None else p[j] for p in parts])
             return np.concatenate([np.full((p[0].shape[0], self.K), np.nan) if p[j] is None else _width(p[j], self.K)
                                    for p in parts])  # (rows, K)
@@ -319,16 +327,31 @@ class LookupRates:
 
     def curves(self) -> np.ndarray:
         """(K+1, K): survival of draft position j for a lookup proposing a tokens (0 past a)."""
-        if self._curves is None:
-            rates = np.vstack([np.zeros(self.K)] + [r.rates for r in self.rates])  # (K+1, K)
-            self._curves = np.cumprod(rates, axis=1) * self._mask
+        if self._curves is None:  # every length's ``PositionRates.rates`` at once (one prior for all)
+            first = self.rates[0]
+            pt, c = first.prior_trials, self._counts  # c: (K, 2, K)
+            rates = np.minimum((c[:, 1] + first.prior * pt) / (c[:, 0] + pt), MAX_RATE)  # (K a - 1, K position)
+            curves = np.zeros((self.K + 1, self.K))  # (K+1, K)
+            curves[1:] = np.cumprod(rates, axis=1) * self._mask[1:]
+            self._curves = curves
         return self._curves
 
     def update(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray) -> None:
         """One step's outcomes of requests whose lookups proposed ``avail`` (rows,) tokens (none: no row)."""
         on = avail > 0  # (rows,) bool
-        if on.any():
-            self.update_steps(avail[on], accepted[on], tried[on], np.zeros(int(on.sum()), dtype=np.int64))
+        if not on.any():
+            return
+        K = self.K
+        a = np.minimum(avail[on], K) - 1  # (rows,) estimator row, 0..K-1
+        width = 2 * (K + 1)
+        idx = np.concatenate((a * width + np.minimum(tried[on], K), a * width + (K + 1) + np.minimum(accepted[on], K)))
+        hist = np.bincount(idx, minlength=K * width).reshape(K, 2, K + 1)  # (a - 1, trials | successes, 0..K)
+        seen = np.flatnonzero(hist[:, 0].any(axis=1))  # proposal lengths with a row: each decays once
+        self._counts[seen] *= self.decay
+        self._counts += hist[:, :, :0:-1].cumsum(axis=2)[:, :, ::-1]  # columns j = 1..K: counts above j - 1
+        for v in seen.tolist():
+            self.rates[v]._cache = None
+        self._curves = None
 
     def update_steps(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray, step: np.ndarray,
                      clock: int = 0) -> None:
@@ -368,6 +391,22 @@ class LookupPositions(PositionRates):
         super().set_prior(prior)
         if hasattr(self, "by_avail"):
             self.by_avail.set_prior(self.prior)
+
+
+def lookup_evidence(on: np.ndarray, accepted: np.ndarray, t: np.ndarray, avail: np.ndarray,
+                    match: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows (n,) bool that teach a lookup drafter's rates, with their accepted runs and trials
+    (n,): those that drafted on it (``on``: ``accepted``, ``t``), and those whose lookup proposed
+    something it did not draft, scored against the tokens the step committed (``match`` >= 0: the
+    executor's ``StepOutcome.ngram_match``). Such a row saw min(avail, accepted + 1) of the lookup's
+    tokens, so its trials stop there: a lookup matching every committed token has no failure yet."""
+    if match is None:
+        return on, accepted, t
+    scored = (match >= 0) & (avail > 0) & ~on  # (n,) bool
+    if not scored.any():
+        return on, accepted, t
+    seen = np.minimum(avail, accepted + 1)  # (n,) lookup tokens the committed ones cover
+    return on | scored, np.where(on, accepted, match), np.where(on, t, np.minimum(match + 1, seen))
 
 
 def _width(conf: np.ndarray, K: int) -> np.ndarray:

@@ -222,3 +222,27 @@ def test_overlap_policy_must_be_a_bool():
 
     with pytest.raises(ConfigError, match="overlap_policy"):
         EngineConfig(overlap_policy="yes").validate()
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft-tiny"])
+def test_the_lookup_is_scored_against_the_committed_tokens_whatever_drafts(loaded, prompts, drafter):
+    """``StepOutcome.ngram_match``: a request that drafted its whole lookup scores what the target
+    accepted of it, and one on a draft model scores its lookup within the tokens the step committed;
+    unscored (-1) exactly where the lookup proposed nothing or the request stopped in the step."""
+    import numpy as np
+
+    rec = Recorder(make_policy("fixed:6", default_drafter=drafter, names=("draft-small", "draft-tiny", "ngram", "self-spec")))
+    run_schedule(make_engine(loaded, rec, default_drafter=drafter), schedule(prompts))
+    scored = 0
+    for o in rec.outcomes:
+        m, a = o.ngram_match, o.ngram_avail  # (n,), (n,)
+        live = ~np.isin(o.request_ids, o.finished)  # (n,) bool
+        assert ((m == -1) == ((a == 0) | ~live)).all()
+        assert (m <= np.minimum(a, o.accepted + 1)).all()
+        if drafter == "ngram":
+            whole = live & (a > 0) & (o.verified == a)  # (n,) bool: drafted the whole lookup
+            assert (m[whole] == o.accepted[whole]).all()
+            scored += int(whole.sum())
+        else:
+            scored += int((m > 0).sum())
+    assert scored > 0

@@ -7,7 +7,7 @@ import numpy as np
 from control.executors.base import FinishReason
 from control.executors.reference.sampling import PositionNoise
 from control.executors.step.accept import accept_coupled, accept_greedy, accepted_run
-from control.executors.step.ngram import lookup_avail, ngram_available, ngram_propose
+from control.executors.step.ngram import lookup_avail, lookup_match, ngram_available, ngram_propose
 from control.executors.step.stop import StopRules, apply_stop, emitted
 
 I64 = np.int64
@@ -94,3 +94,25 @@ def test_lookup_avail_reads_each_slot_of_a_token_buffer():
     out = lookup_avail(tok, n_tok, np.array([2, 0], dtype=I64), 3)
     assert out.dtype == I64 and out.tolist() == [0, 3]
     assert lookup_avail(tok, n_tok, np.array([0], dtype=I64), 8).tolist() == [4]
+
+
+def test_lookup_match_scores_the_lookup_before_the_step_against_the_tokens_it_committed():
+    """Each row's context before the step, [1, 2, 3, 4, 1, 2], proposes 3, 4, 1, 2; the step's
+    committed tokens follow it in the buffer. The score is the proposal's leading run over the
+    committed tokens only (cut at ``avail``); -1 where nothing was committed or proposed."""
+    before = [1, 2, 3, 4, 1, 2]
+    after = [[3, 4, 9], [3, 4], [7], [3, 4, 1, 2, 5], [3, 4, 9], [3]]
+    tok = np.zeros((len(after), 16), dtype=I64)  # (S, L)
+    for s, new in enumerate(after):
+        tok[s, : 6 + len(new)] = before + new
+    n_tok = np.array([6 + len(a) for a in after], dtype=I64)
+    slots = np.arange(len(after), dtype=I64)
+    committed = np.array([3, 2, 1, 5, 3, 0], dtype=I64)  # the last: a request that stopped (its caller passes 0)
+    avail = np.array([4, 4, 4, 4, 1, 4], dtype=I64)
+    out = lookup_match(tok, n_tok, slots, committed, avail)
+    assert out.dtype == I64
+    # 2 then a miss; 2 of 2 committed (no miss seen); a miss at once; the whole proposal; cut at 1; not scored
+    assert out.tolist() == [2, 2, 0, 4, 1, -1]
+    assert lookup_match(tok, n_tok, slots[:1], committed[:1], np.zeros(1, dtype=I64)).tolist() == [-1]
+    tok[0, :6] = [5, 6, 7, 8, 9, 1]  # no repeat before the step: proposed nothing, so matched nothing
+    assert lookup_match(tok, n_tok, slots[:1], committed[:1], avail[:1]).tolist() == [0]
