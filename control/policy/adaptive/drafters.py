@@ -127,6 +127,7 @@ class DrafterChoice:
         self.is_model = np.array([d.model is not None for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self.is_ngram = np.array([d.kind == DrafterKind.ngram for d in ctx.cost.drafters], dtype=bool)  # (m,)
         self._rates = RatePosterior(self.is_ngram)
+        self._ngram_idx = np.flatnonzero(self.is_ngram).tolist()  # the n-gram drafters' indices
         self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
         # new requests may prefill a draft model's state: a bandit among drafters with no capacities, at
         # least one of them a draft model (module doc); ``prefills``: they do now, the state of ``fav``
@@ -265,17 +266,20 @@ class DrafterChoice:
         mult = None if self.prices is None else self.prices.draws(self._rng, THOMPSON_SAMPLES)  # (S, m) or None
         at_means = np.minimum(sigmoid(mean), MAX_RATE)[None, :]  # (1, m)
         priced, inv = self._priced(view, cost, np.concatenate([rate, at_means]))  # (S + 1, m, K+1): the draws, the means
-        tokens = priced[:THOMPSON_SAMPLES]
+        med = None if self.prices is None else self.prices.medians()  # (1, m) or None
+        scored = self.lookups_scored and bool(self.is_ngram.any())  # the means row is needed too
+        rows = priced if scored else priced[:THOMPSON_SAMPLES]
+        mults = np.concatenate([mult, med]) if scored and mult is not None else mult
 
         def probs(catch: np.ndarray | None) -> np.ndarray:
-            best = self._values(view, cost, tokens, inv, mult, catch)  # (S, m)
+            vals = self._values(view, cost, rows, inv, mults, catch)  # (S or S + 1, m)
+            best = vals[:THOMPSON_SAMPLES]  # (S, m)
             if not allowed.all():
                 best[:, ~allowed] = -np.inf
-            if self.lookups_scored:
-                self._known_lookup(best, self._values(view, cost, priced[THOMPSON_SAMPLES:], inv, med, catch)[0], allowed)
+            if scored:
+                self._known_lookup(best, vals[THOMPSON_SAMPLES], allowed)
             return np.bincount(np.argmax(best, axis=1), minlength=m) / THOMPSON_SAMPLES
 
-        med = None if self.prices is None else self.prices.medians()  # (1, m) or None
         catch = self._catch_up_ms(view, to_exec, cost)
         p = probs(catch)
         self.target = self._migration_target(view, cost, priced[THOMPSON_SAMPLES:], inv, med, allowed, int(np.argmax(p)))
@@ -317,12 +321,12 @@ class DrafterChoice:
         then wherever no model's draw beats it: every step scores the lookup whatever drafts
         (``StepOutcome.ngram_match``), so drafting on it teaches nothing, while the requests it takes
         fall out of sync with the models."""
-        models = self.is_model & allowed
+        models = self.is_model & allowed  # (m,) bool
         if not models.any():
             return
         top = float(at_means[models].max())
-        for i in np.flatnonzero(self.is_ngram & allowed):
-            if at_means[i] <= top * self._leave_factor(i):
+        for i in self._ngram_idx:
+            if allowed[i] and at_means[i] <= top * self._leave_factor(i):
                 best[:, i] = -np.inf
 
     def _leave_factor(self, i: int) -> float:
