@@ -76,6 +76,8 @@ def test_adaptive_never_asks_ngram_for_more_than_its_lookup_proposes(record, pro
     short = (avail >= 2) & (avail <= 5)
     assert (asked[short] == avail[short]).mean() > 0.9  # such lookups are accepted 94-100% of the time
     assert tokens_per_s(res) > 0
+    if spec == "adaptive":  # the replay scores every lookup, and the stats say so
+        assert log.inner.drafter_state()["lookups_scored"] is True
 
 
 def test_lookup_rates_learn_what_each_proposal_length_is_worth(record, profile):

@@ -501,6 +501,7 @@ def test_adaptive_drafter_state_says_what_the_choice_rests_on():
     pol = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, default_drafter="small"))
     state = pol.drafter_state()
     assert state["favourite"] == "tiny" and state["stage"] == "exploring" and state["exploit"] is None
+    assert state["lookups_scored"] is False  # no outcome yet
     assert set(state["drafters"]) == {"small", "tiny"}
     assert state["drafters"]["tiny"]["chain_rate"] == 0.7 and state["drafters"]["tiny"]["request_steps"] == 0
     assert state["drafters"]["tiny"]["value"] is None  # no exploiting decision yet

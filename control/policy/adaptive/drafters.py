@@ -382,7 +382,8 @@ class DrafterChoice:
         per ms per request, null before one), the exploration chance, plus the favourite, the draft model
         new requests prefill instead (``target``, else null), the stage and, where the last full decision
         priced the requests in sync with the favourite or the target apart, how many there were and the
-        drafter likeliest for them (``in_sync``, else null)."""
+        drafter likeliest for them (``in_sync``, else null), and whether the executor scores every
+        lookup (``lookups_scored``: n-gram is then learned without drafting, and not explored)."""
         mean, sd = self._posterior()
         steps = self.evidence.counts[2].sum(axis=1)  # (m,) drafting request-steps (decayed)
         med = self.prices.medians() if self.prices is not None else None
@@ -402,7 +403,7 @@ class DrafterChoice:
                                              "drafter": self.ctx.drafters[pick] if pick >= 0 else None}
         target = self.ctx.drafters[self.target] if self.target >= 0 else None
         return {"drafters": per, "favourite": fav, "target": target, "prefills": self.prefills, "stage": stage,
-                "in_sync": in_sync,
+                "in_sync": in_sync, "lookups_scored": self.lookups_scored,
                 "epoch": None if b is None else b.epoch,
                 "exploit": self.ctx.drafters[self.exploit] if 0 <= self.exploit < len(self.ctx.drafters) else None}
 
