@@ -19,15 +19,24 @@ I64 = np.int64
 
 def match_start(context: np.ndarray, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> int:
     """Index in ``context`` (L,) of the first token after the latest earlier occurrence of its
-    longest matching suffix (``NO_MATCH`` when none matches)."""
+    longest matching suffix (``NO_MATCH`` when none matches).
+
+    One pass over the context finds where its last token occurred before; each longer suffix only
+    narrows those places (an occurrence of the n-token suffix ends where the (n-1)-token one does)."""
     L = context.shape[0]
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        tail = context[L - n:]
-        win = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)  # (L - n, n): windows before the tail's end
-        hits = np.flatnonzero((win == tail).all(axis=1))
-        if hits.size:
-            return int(hits[-1]) + n
-    return NO_MATCH
+    top = min(max_n, L - 1)
+    if top < max(min_n, 1):
+        return NO_MATCH
+    ends = np.flatnonzero(context[: L - 1] == context[L - 1])  # (hits,) where an occurrence of the last token ends
+    best_n, best_end = 0, -1
+    for n in range(1, top + 1):
+        if n > 1:
+            ends = ends[ends >= n - 1]
+            ends = ends[context[ends - (n - 1)] == context[L - n]]
+        if not ends.size:
+            break
+        best_n, best_end = n, int(ends[-1])
+    return best_end + 1 if best_n >= min_n and best_n > 0 else NO_MATCH
 
 
 def ngram_propose(context: np.ndarray, k: int, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> np.ndarray:

@@ -116,3 +116,25 @@ def test_lookup_match_scores_the_lookup_before_the_step_against_the_tokens_it_co
     assert lookup_match(tok, n_tok, slots[:1], committed[:1], np.zeros(1, dtype=I64)).tolist() == [-1]
     tok[0, :6] = [5, 6, 7, 8, 9, 1]  # no repeat before the step: proposed nothing, so matched nothing
     assert lookup_match(tok, n_tok, slots[:1], committed[:1], avail[:1]).tolist() == [0]
+
+
+def test_match_start_finds_the_latest_occurrence_of_the_longest_suffix_as_a_plain_scan_does():
+    """``match_start`` narrows the last token's earlier occurrences suffix by suffix; a plain scan of
+    every suffix length from the longest, latest occurrence first, must agree on random contexts over
+    small vocabularies (many repeats), every max_n / min_n."""
+    from control.executors.step.ngram import NO_MATCH, match_start
+
+    def scan(ctx, max_n, min_n):
+        L = len(ctx)
+        for n in range(min(max_n, L - 1), min_n - 1, -1):
+            for start in range(L - 1 - n, -1, -1):  # windows ctx[start : start + n] inside ctx[: L - 1]
+                if ctx[start: start + n] == ctx[L - n:]:
+                    return start + n
+        return NO_MATCH
+
+    rng = np.random.default_rng(3)
+    for _ in range(3000):
+        ctx = rng.integers(0, int(rng.integers(1, 6)), int(rng.integers(0, 30)))
+        max_n = int(rng.integers(1, 6))
+        min_n = int(rng.integers(1, max_n + 1))
+        assert match_start(ctx, max_n, min_n) == scan(ctx.tolist(), max_n, min_n), (ctx.tolist(), max_n, min_n)
