@@ -23,7 +23,7 @@ from control.policy.types import Decision, StepOutcome, StepView, wants_fresh
 
 _PER_REQUEST = tuple(f.name for f in fields(StepOutcome)
                      if f.name in ("slots", "request_ids", "drafter", "ctx_lens", "drafted", "verified", "accepted",
-                                   "confidence", "category"))
+                                   "confidence", "category", "ngram_avail", "ngram_match"))
 
 
 def outcome_rows(outcome: StepOutcome, rows: np.ndarray, step_totals: bool) -> StepOutcome:

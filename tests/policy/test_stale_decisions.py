@@ -147,3 +147,29 @@ def test_a_stale_wrapper_decides_fresh_while_the_policy_asks_for_it():
     # step 1 (fresh) decided after step 0's outcome; from step 2 on each outcome arrives after the next decision
     assert inner.seen == [("decide", 0), ("observe", 0), ("decide", 1), ("decide", 2), ("observe", 1),
                           ("decide", 3), ("observe", 2)]
+
+
+def test_a_held_outcome_split_at_a_reused_slot_keeps_each_rows_lookup():
+    """On the quick pair's replay (three drafters, n-gram lookups in every view, slots reused at
+    once): a held outcome split at the reused slots carries each part's own lookups
+    (``ngram_avail``, ``ngram_match``); before, the parts kept the whole step's and adaptive's lookup
+    rates refused the shapes."""
+    from pathlib import Path
+
+    from control.bench.replay import ReplayRecord, replay_run, tokens_per_s
+    from control.profile import load_profile
+    from tests.conftest import Observing
+
+    root = Path(__file__).resolve().parents[2]
+    record = ReplayRecord.load(root / "control" / "bench" / "data" / "replay-stdlib-quick.npz")
+    profile = load_profile(root / "profiles" / "cpu" / "stdlib-quick.yaml")
+    seen = []
+
+    def see(o):
+        seen.append((o.n, o.ngram_avail.shape[0], o.ngram_match.shape[0]))
+
+    res = replay_run(record, profile, "adaptive", 4, rows=np.arange(48),
+                     wrap=lambda p: OneStepStale(Observing(p, see)))
+    assert tokens_per_s(res) > 0
+    assert all(n == a == m for n, a, m in seen)
+    assert len({n for n, _, _ in seen}) > 1  # split outcomes (and smaller batches) were delivered
