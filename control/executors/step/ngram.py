@@ -77,12 +77,16 @@ def lookup_match(tokens: np.ndarray, n_tok: np.ndarray, slots: np.ndarray, commi
     for i in np.flatnonzero((committed > 0) & (avail > 0)).tolist():
         s = int(slots[i])
         end = int(n_tok[s])
-        cut = end - int(committed[i])  # the context at the step's start: tokens[s, :cut]
-        start = match_start(tokens[s, :cut], max_n, min_n)
-        if start == NO_MATCH:
-            out[i] = 0
-            continue
-        w = min(int(avail[i]), cut - start, end - cut)
-        same = tokens[s, start: start + w] == tokens[s, cut: cut + w]  # (w,) bool
-        out[i] = w if same.all() else int(np.argmin(same))
+        out[i] = lookup_score(tokens[s, :end], end - int(committed[i]), int(avail[i]), max_n, min_n)
     return out
+
+
+def lookup_score(seq: np.ndarray, cut: int, avail: int, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> int:
+    """How many leading tokens of the lookup ``seq[:cut]`` proposed, cut at ``avail``, the tokens
+    after it in ``seq`` (L,) repeat (0 where it proposed nothing)."""
+    start = match_start(seq[:cut], max_n, min_n)
+    if start == NO_MATCH:
+        return 0
+    w = min(avail, cut - start, seq.shape[0] - cut)
+    same = seq[start: start + w] == seq[cut: cut + w]  # (w,) bool
+    return w if same.all() else int(np.argmin(same))

@@ -37,7 +37,7 @@ import numpy as np
 from control.errors import ConfigError, SpecctlError
 from control.executors.step.clamp import Clamped
 from control.executors.step.kernel import Drafts, Verdict, run_step, step_outcome
-from control.executors.step.ngram import ngram_available, ngram_propose
+from control.executors.step.ngram import lookup_score, ngram_available, ngram_propose
 from control.executors.step.stop import StopRules, apply_stop
 from control.executors.step.view import build_view
 from control.executors.trtllm.granularity import BLS_GRANULARITY
@@ -260,7 +260,8 @@ class SpecOrchestrator:
         left = [r.rid for r, _ in finished] + [reqs[i].rid for i in sorted(failed)]
         self.policy.observe(step_outcome(view, res, np.zeros(n, dtype=I64), np.array(left, dtype=I64),
                                          verify_ms=res.verdict.ms, total_ms=(time.perf_counter() - t0) * 1e3,
-                                         now=time.monotonic(), step=self._step))
+                                         now=time.monotonic(), step=self._step,
+                                         ngram_match=self._lookup_match(reqs, view, set(left))))
         if self.record:
             self.history.append(StepRecord(self._step, view.request_ids, res.plan.k, drafted, res.verdict.accepted,
                                            emitted))
@@ -332,6 +333,19 @@ class SpecOrchestrator:
             err = SpecctlError(f"{model} answered {len(answers)} of {len(requests)} requests")
             return [err] * len(requests)
         return answers
+
+    def _lookup_match(self, reqs: list[_Req], view, left: set[int]) -> np.ndarray | None:
+        """(n,) ``StepOutcome.ngram_match`` of the step just delivered: each request's lookup at the
+        step's start against the tokens appended since (-1: no proposal, or the request left)."""
+        avail = view.ngram_avail
+        if avail is None:
+            return None
+        out = np.full(len(reqs), -1, dtype=I64)  # (n,)
+        for i, r in enumerate(reqs):
+            cut = int(view.ctx_lens[i])
+            if avail[i] > 0 and r.rid not in left and r.seq.size > cut:
+                out[i] = lookup_score(r.seq, cut, int(avail[i]), self.ngram_size)
+        return out
 
     def _ngram_avail(self, reqs: list[_Req]) -> np.ndarray | None:
         """(n,) tokens the n-gram lookup proposes for each request at max_k (None: a draft model drafts)."""

@@ -261,6 +261,7 @@ class ViewLog:
         self.inner, self.name = inner, inner.name
         self.views: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]] = []
         self.drafted: list[np.ndarray] = []
+        self.outcomes: list = []
 
     def decide(self, view):
         self.views.append((view.request_ids.copy(), None if view.ngram_avail is None else view.ngram_avail.copy(),
@@ -269,6 +270,7 @@ class ViewLog:
 
     def observe(self, outcome) -> None:
         self.drafted.append(outcome.drafted.copy())
+        self.outcomes.append(outcome)
         self.inner.observe(outcome)
 
 
@@ -286,10 +288,20 @@ def test_the_view_carries_what_the_ngram_lookup_proposes(client, drafter):
     assert log.views and len(log.views) == len(log.drafted)
     if drafter != "ngram":
         assert all(avail is None for _, avail, _ in log.views)
+        assert all(o.ngram_match is None for o in log.outcomes)
         return
-    seen = set()
-    for (_, avail, rem), drafted in zip(log.views, log.drafted, strict=True):
+    seen, whole = set(), 0
+    for (_, avail, rem), drafted, o in zip(log.views, log.drafted, log.outcomes, strict=True):
         assert avail is not None and ((avail >= 0) & (avail <= 4)).all()
         assert drafted.tolist() == np.minimum(np.minimum(k, rem - 1), avail).tolist()
         seen.update(avail.tolist())
-    assert 0 in seen and len(seen) > 2
+        # the lookup scored against the tokens the step appended: a draft of the whole lookup scores
+        # what the target accepted of it; none where it proposed nothing or the request left
+        live = ~np.isin(o.request_ids, o.finished)  # (n,) bool
+        m = o.ngram_match  # (n,)
+        assert ((m == -1) == ((avail == 0) | ~live)).all()
+        assert (m <= np.minimum(avail, o.accepted + 1)).all()
+        full = live & (avail > 0) & (drafted == avail)  # (n,) bool
+        assert (m[full] == o.accepted[full]).all()
+        whole += int(full.sum())
+    assert 0 in seen and len(seen) > 2 and whole > 0
