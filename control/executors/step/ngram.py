@@ -36,7 +36,7 @@ def match_start(context: np.ndarray, max_n: int = DEFAULT_MAX_N, min_n: int = 1)
         if not ends.size:
             break
         best_n, best_end = n, int(ends[-1])
-    return best_end + 1 if best_n >= min_n and best_n > 0 else NO_MATCH
+    return best_end + 1 if best_n >= max(min_n, 1) else NO_MATCH
 
 
 def ngram_propose(context: np.ndarray, k: int, max_n: int = DEFAULT_MAX_N, min_n: int = 1) -> np.ndarray:

@@ -338,7 +338,7 @@ class DrafterChoice:
         """``whole``, or the best allowed draft model where ``whole`` is a lookup that does not beat it
         by ``_leave_factor`` (``best`` (m,): each drafter's modelled goodput)."""
         models = self.is_model & allowed  # (m,) bool
-        if not self.is_ngram[whole] or not models.any():
+        if not self.lookups_scored or not self.is_ngram[whole] or not models.any():
             return whole
         top = int(np.argmax(np.where(models, best, -np.inf)))
         return whole if best[whole] > best[top] * self._leave_factor(whole) else top

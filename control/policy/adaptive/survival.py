@@ -341,17 +341,9 @@ class LookupRates:
         on = avail > 0  # (rows,) bool
         if not on.any():
             return
-        K = self.K
-        a = np.minimum(avail[on], K) - 1  # (rows,) estimator row, 0..K-1
-        width = 2 * (K + 1)
-        idx = np.concatenate((a * width + np.minimum(tried[on], K), a * width + (K + 1) + np.minimum(accepted[on], K)))
-        hist = np.bincount(idx, minlength=K * width).reshape(K, 2, K + 1)  # (a - 1, trials | successes, 0..K)
-        seen = np.flatnonzero(hist[:, 0].any(axis=1))  # proposal lengths with a row: each decays once
-        self._counts[seen] *= self.decay
-        self._counts += hist[:, :, :0:-1].cumsum(axis=2)[:, :, ::-1]  # columns j = 1..K: counts above j - 1
-        for v in seen.tolist():
-            self.rates[v]._cache = None
-        self._curves = None
+        a = np.minimum(avail[on], self.K) - 1  # (rows,) estimator row, 0..K-1
+        once = np.minimum(np.bincount(a, minlength=self.K), 1)  # (K,) each length with a row decays once
+        self._add(a, accepted[on], tried[on], None, once)
 
     def update_steps(self, avail: np.ndarray, accepted: np.ndarray, tried: np.ndarray, step: np.ndarray,
                      clock: int = 0) -> None:
@@ -369,12 +361,20 @@ class LookupRates:
         w = np.power(self.decay, age)  # (rows,)
         if clock:
             w = w * np.power(LOOKUP_CLOCK_DECAY, (clock - 1) - step)
+        self._add(a, accepted, tried, w, per_a)
+
+    def _add(self, a: np.ndarray, accepted: np.ndarray, tried: np.ndarray, w: np.ndarray | None,
+             decays: np.ndarray) -> None:
+        """Rows (estimator row ``a``, weight ``w``; None: 1) added after each proposal length's counts
+        decayed ``decays`` (K,) times, in one histogram over (length, trials | successes, position)."""
+        K = self.K
         width = 2 * (K + 1)
         idx = np.concatenate((a * width + np.minimum(tried, K), a * width + (K + 1) + np.minimum(accepted, K)))
-        hist = np.bincount(idx, weights=np.concatenate((w, w)), minlength=K * width).reshape(K, 2, K + 1)
-        self._counts *= np.power(self.decay, per_a)[:, None, None]
+        hist = np.bincount(idx, weights=None if w is None else np.concatenate((w, w)),
+                           minlength=K * width).reshape(K, 2, K + 1)  # (a - 1, trials | successes, 0..K)
+        self._counts *= np.power(self.decay, decays)[:, None, None]
         self._counts += hist[:, :, :0:-1].cumsum(axis=2)[:, :, ::-1]  # columns j = 1..K: counts above j - 1
-        for v in np.flatnonzero(per_a).tolist():
+        for v in np.flatnonzero(decays).tolist():
             self.rates[v]._cache = None
         self._curves = None
 
