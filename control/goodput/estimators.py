@@ -175,36 +175,49 @@ class RequestBeta:
     """Per-request Beta posterior on the acceptance rate, shrunk to a prior.
 
     Request r's posterior mean = (s_r + m * prior_r) / (t_r + m): a new request starts at the prior
-    (global or its category's), an easy request earns a higher rate after a few steps. State lives in
-    arrays indexed by executor slot; ``reset`` clears a slot when a new request takes it.
+    (global or its category's), an easy request earns a higher rate after a few steps. Beside its
+    successes it keeps its chain trials per draft position, n_r[j], so that it is compared with what
+    the pooled position curve a[j] expects of the same trials (``reference``):
+
+        ref_r = (sum_j n_r[j] a[j] + m * pooled) / (t_r + m),
+
+    not with the pooled rate, which counts deep positions (0.93+ on the CPU pair) that a short draft
+    never reaches. The curve is read as it is now, so evidence a request gave while the curve was
+    still at its prior is judged by what the curve learned since.
+    State lives in arrays indexed by executor slot; ``reset`` clears a slot when a new request takes it.
     """
 
-    def __init__(self, strength: float = 8.0, capacity: int = 64) -> None:
+    def __init__(self, strength: float = 8.0, capacity: int = 64, max_k: int = 8) -> None:
         if strength <= 0:
             raise ConfigError(f"prior strength = {strength!r}: must be > 0 pseudo-trials")
         self.m = float(strength)
         self.s = np.zeros(capacity)
         self.t = np.zeros(capacity)
+        self.n = np.zeros((capacity, max_k))  # (slots, K) chain trials per draft position
+        self._pos = np.arange(max_k)  # (K,) draft positions, for prefix masks
 
     def ensure(self, max_slot: int) -> None:
         size = self.s.size
         if max_slot >= size:
-            grown = max(max_slot + 1, 2 * size)
-            self.s = np.concatenate([self.s, np.zeros(grown - size)])  # new slots start empty
-            self.t = np.concatenate([self.t, np.zeros(grown - size)])
+            extra = max(max_slot + 1, 2 * size) - size  # new slots start empty
+            self.s = np.concatenate([self.s, np.zeros(extra)])
+            self.t = np.concatenate([self.t, np.zeros(extra)])
+            self.n = np.concatenate([self.n, np.zeros((extra, self.n.shape[1]))])
 
     def reset(self, slots: np.ndarray) -> None:
         self.s[slots] = 0.0
         self.t[slots] = 0.0
+        self.n[slots] = 0.0
 
     def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """Slots are distinct within one step (one outcome per request); the arrays grow to the
-        largest slot."""
-        if slots.shape[0] == 1:  # one request: two scalar adds instead of two gathers and scatters
+        largest slot. ``trials`` (n,): each request's chain trials, positions 0..trials-1."""
+        if slots.shape[0] == 1:  # one request: scalar adds instead of gathers and scatters
             j = int(slots[0])
             self.ensure(j)
             self.s[j] += successes[0]
             self.t[j] += trials[0]
+            self.n[j, : int(trials[0])] += 1.0
             return
         try:
             self.s[slots] += successes
@@ -212,20 +225,18 @@ class RequestBeta:
             self.ensure(int(slots.max()))
             self.s[slots] += successes
         self.t[slots] += trials
-
-    def add(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
-        """``update`` over several steps: a slot may repeat (counts add up)."""
-        if slots.size == 0:
-            return
-        self.ensure(int(slots.max()))
-        self.s += np.bincount(slots, weights=successes, minlength=self.s.size)
-        self.t += np.bincount(slots, weights=trials, minlength=self.t.size)
+        self.n[slots] += self._pos[None, :] < trials[:, None]
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
         if slots.shape[0] == 1 and not isinstance(prior, np.ndarray):  # plain floats, same bits
             j = int(slots[0])
             return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), MAX_RATE)])
         return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), MAX_RATE)
+
+    def reference(self, slots: np.ndarray, rates: np.ndarray, pooled: float) -> np.ndarray:
+        """(n,) what the position curve ``rates`` (K,) expects of each request's trials, shrunk to
+        ``pooled`` as ``mean`` shrinks its own rate (class doc): its shift is mean's log-odds minus this one's."""
+        return np.minimum((self.n[slots] @ rates + self.m * pooled) / (self.t[slots] + self.m), MAX_RATE)
 
 
 class CategoryRates:
@@ -344,21 +355,26 @@ class ConfidenceMap:
         return float(np.power(10.0, slope * (cut - xp[j]) + fp[j]))
 
 
-def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, pooled_rate: float,
+def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, pooled_rate: float | np.ndarray,
                               position_odds: np.ndarray | None = None) -> np.ndarray:
     """Survival p[r, j] combining a request's own rate with the global per-position shape.
 
-    logit(a[r, j]) = logit(position_rate[j]) + logit(request_rate[r]) - logit(pooled_rate): the
-    request's rate shifts the whole per-position curve, which keeps its decay along the draft.
+    logit(a[r, j]) = logit(position_rate[j]) + logit(request_rate[r]) - logit(pooled_rate[r]): the
+    request's rate shifts the whole per-position curve, which keeps its decay along the draft
+    (``pooled_rate``: a float, or (n,) each request's reference, ``RequestBeta.reference``).
     Computed as a product of odds (no log/exp on the hot path); ``position_odds`` (the clipped
     position rates' odds, e.g. ``PositionRates.odds``) saves recomputing them. Shape (n, K).
     """
     if request_rate.shape[0] == 1:
-        return _one_request_survival(float(request_rate[0]), position_rates, pooled_rate, position_odds)
+        ref = float(pooled_rate[0]) if isinstance(pooled_rate, np.ndarray) else pooled_rate
+        return _one_request_survival(float(request_rate[0]), position_rates, ref, position_odds)
     if position_odds is None:
         pos = np.clip(position_rates, RATE_EPS, 1 - RATE_EPS)
         position_odds = pos / (1.0 - pos)
-    pooled = min(max(pooled_rate, RATE_EPS), 1 - RATE_EPS)
+    if isinstance(pooled_rate, np.ndarray):
+        pooled = np.minimum(np.maximum(pooled_rate, RATE_EPS), 1 - RATE_EPS)
+    else:
+        pooled = min(max(pooled_rate, RATE_EPS), 1 - RATE_EPS)
     r = np.minimum(np.maximum(request_rate, RATE_EPS), 1 - RATE_EPS)  # np.clip, without its dispatch cost
     odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
     return np.cumprod(odds / (1.0 + odds), axis=1)

@@ -79,6 +79,32 @@ def test_survival_stage_ranks_requests_by_their_own_acceptance_and_falls_along_p
     assert not np.allclose(mixed[1], surv[1])
 
 
+def test_a_request_is_compared_with_the_curve_at_the_positions_it_tried():
+    """Two requests that each accept 80% at the first position, one drafting K deep and passing every
+    later position, one drafting a single token: the short drafter is the curve's own rate at the first
+    position. Against the pooled rate instead (0.9+, its deep positions counted), it read as a poor
+    request and its first position far below what it accepts."""
+    from control.goodput.estimators import chain_trials, request_position_survival
+
+    ctx = _ctx()
+    acc = AcceptanceModel(ctx.prior_positions, 16.0, 64, ctx.confidences)
+    slots, d = np.arange(2), np.zeros(2, dtype=np.int64)
+    verified = np.array([K, 1])
+    for step in range(100):
+        accepted = np.array([0, 0]) if step % 5 == 4 else np.array([K, 1])
+        out = StepOutcome(slots=slots, request_ids=slots, drafter=d, ctx_lens=np.full(2, 300), drafted=verified,
+                          verified=verified, accepted=accepted, verify_ms=10.0, step=step)
+        s, t = chain_trials(verified, accepted)
+        acc.learn(out, d, verified, verified > 0, s, t, True)
+    first = acc.pos[0].rates[0]
+    assert abs(first - 0.8) < 0.02 and acc.pooled_rate(0) > 0.9
+    surv = acc.survival(_view(2), d, True)  # (2, K)
+    assert abs(surv[1, 0] - first) < 0.02 and surv[0, 0] > first - 0.02
+    rate = acc.req[0].mean(slots, acc.pooled_rate(0))  # (2,)
+    against_pooled = request_position_survival(rate, acc.pos[0].rates, acc.pooled_rate(0))  # (2, K)
+    assert against_pooled[1, 0] < first - 0.1
+
+
 def test_optimiser_stage_drafts_longer_for_the_request_that_accepts_more_and_tracks_its_pace():
     ctx = _ctx()
     opt = Optimiser(64)

@@ -2,9 +2,9 @@
 
 ``data/adaptive_decisions.npz`` holds adaptive's decisions on ``decision_trace``'s step sequence:
 deciding fully every step (``adaptive-every-step``, first recorded before the optimiser's numeric
-fast paths existed, re-recorded where a change of behaviour moved it: the one-drafter cases still
-hold the first recording), and as built, a full decision every few steps with look-ups between (``adaptive``,
-recorded with ``python -m tests.policy.decision_trace`` when the held decisions came in). Draft
+fast paths existed), and as built, a full decision every few steps with look-ups between (``adaptive``),
+both re-recorded with ``python -m tests.policy.decision_trace`` where a change of behaviour moved them
+(last when each request's rate began to be compared with the curve at the positions it tried). Draft
 lengths, drafters and the gate's choices must match exactly; predicted times, tokens and confidence
 cuts to rounding (the fast paths sum in another order).
 """
@@ -139,13 +139,18 @@ def test_request_posteriors_grow_on_update_and_new_slots_start_empty():
     rb = RequestBeta(strength=8.0, capacity=4)
     rb.update(np.array([0, 1, 2, 3]), np.array([3, 1, 0, 2]), np.array([4, 2, 1, 3]))
     rb.update(np.array([1, 9]), np.array([1, 2]), np.array([2, 3]))
-    assert rb.s.size >= 10 and rb.t.size == rb.s.size
+    assert rb.s.size >= 10 and rb.t.size == rb.s.size == rb.n.shape[0]
+    np.testing.assert_array_equal(rb.n[:4, :5], [[1, 1, 1, 1, 0], [2, 2, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(rb.n[9, :4], [1, 1, 1, 0])
+    assert (rb.n[4:9] == 0.0).all()
     np.testing.assert_array_equal(rb.s[:4], [3, 2, 0, 2])
     np.testing.assert_array_equal(rb.t[:4], [4, 4, 1, 3])
     np.testing.assert_array_equal(rb.s[4:9], 0.0)  # added slots start empty
     assert rb.s[9] == 2 and rb.t[9] == 3
     rb.update(np.array([12]), np.array([1]), np.array([2]))  # batch 1 grows too
     assert rb.t[12] == 2 and rb.mean(np.array([12]), 0.5)[0] == (1 + 8 * 0.5) / (2 + 8)
+    rates = np.linspace(0.9, 0.2, 8)
+    assert rb.reference(np.array([12]), rates, 0.5)[0] == (0.9 + rates[1] + 8 * 0.5) / (2 + 8)
 
 
 def test_weights_and_prefix_sums_given_to_the_optimiser_equal_weighted_survival():

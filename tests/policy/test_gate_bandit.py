@@ -378,9 +378,10 @@ def test_adaptive_keeps_the_gate_open_when_only_the_requests_own_rates_say_k_0()
             d = pol.decide(view)
             k = d.k
             acc = np.floor(k * accepted_frac).astype(np.int64)
+            verify_ms, draft_ms = 8.0 + 0.1 * float(k.sum()), 1.0 + 0.3 * float(k.max(initial=0))
             pol.observe(StepOutcome(slots=slots, request_ids=rids, drafter=np.zeros(n, dtype=np.int64),
-                                    ctx_lens=view.ctx_lens, drafted=k, verified=k, accepted=acc, verify_ms=8.0,
-                                    draft_ms=1.0, total_ms=9.0, draft_passes=int(k.max(initial=0)),
+                                    ctx_lens=view.ctx_lens, drafted=k, verified=k, accepted=acc, verify_ms=verify_ms,
+                                    draft_ms=draft_ms, total_ms=verify_ms + draft_ms, draft_passes=int(k.max(initial=0)),
                                     draft_ctx_tokens=int(200 * n), draft_batched_tokens=int(k.sum()), step=step))
             step += 1
             return d
@@ -388,7 +389,9 @@ def test_adaptive_keeps_the_gate_open_when_only_the_requests_own_rates_say_k_0()
         for _ in range(60):  # many requests before it: the pooled rate follows their acceptance
             step_with(np.arange(8), np.arange(8), history)
         lone = np.array([8]), np.array([100])
-        ks = [step_with(*lone, 0.0).k[0] for _ in range(120)]  # a request whose drafts are all rejected
+        # a request whose drafts are all rejected: its first positions' failures against the curve's
+        # there (its shift, ``RequestBeta.reference``) take it to k = 0 within 240 steps
+        ks = [step_with(*lone, 0.0).k[0] for _ in range(240)]
         return pol, ks
 
     pol, ks = run(history=1.0)

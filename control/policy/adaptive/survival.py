@@ -7,8 +7,15 @@ confidence to survival.
 
 Survival of request r's draft position j (``request_position_survival``):
 
-    logit(a[r, j]) = logit(pos_rate[j]) + logit(rate_r) - logit(pooled)
+    logit(a[r, j]) = logit(pos_rate[j]) + logit(rate_r) - logit(ref_r)
     surv[r, j] = prod_{j' <= j} a[r, j']
+
+with ref_r what the curve expects of the positions r tried (``RequestBeta.reference``), shrunk to
+the pooled rate alike: a request is shifted by how it did against the curve where it drafted. Against
+the pooled rate, which counts the deep positions only long drafts reach (0.93+ on the CPU pair, 0.83
+at the first), every request that drafts short read as a poor one: on the full pair's replay at batch
+4 the requests' shifts averaged -0.26 in log-odds, and adaptive expected 0.77 of the first draft
+tokens it got 0.83 of (docs/decisions.md, stop 62).
 
 An n-gram lookup's acceptance depends on what it proposes: on the CPU pair's record a lookup that
 proposes 2-5 tokens (a recent repeat) has its first token accepted 94-100% of the time, one that
@@ -66,7 +73,7 @@ class AcceptanceModel:
         self.pos = [(LookupPositions if self.lookup[i] else PositionRates)(K, prior=prior_positions[i], decay=POSITION_DECAY)
                     for i in range(m)]
         self.by_avail = {int(i): self.pos[i].by_avail for i in np.flatnonzero(self.lookup)}
-        self.req = [RequestBeta(strength, capacity=slots) for _ in range(m)]
+        self.req = [RequestBeta(strength, capacity=slots, max_k=K) for _ in range(m)]
         self.cat = CategoryRates(CATEGORIES)
         self.conf = [ConfidenceMap() for _ in range(m)]
         self._pos_idx = np.arange(K)[None, :]  # (1, K) draft positions, for masks over (n, K) arrays
@@ -119,7 +126,7 @@ class AcceptanceModel:
         pooled = pos.mean_rate
         prior = pooled if category is None else self.cat.rates(category, pooled)  # float or (n,)
         rate = self.req[i].mean(slots, prior)  # (n,)
-        return request_position_survival(rate, pos.rates, pooled, pos.odds)
+        return request_position_survival(rate, pos.rates, self.req[i].reference(slots, pos.rates, pooled), pos.odds)
 
     def learn(self, outcome: StepOutcome, d_ctx: np.ndarray, tried: np.ndarray, spec: np.ndarray, s: np.ndarray,
               t: np.ndarray, uniform: bool) -> None:
