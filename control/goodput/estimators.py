@@ -138,17 +138,23 @@ class PositionRates:
         self.prior = p
         self._cache = None
 
-    def _estimates(self) -> tuple[np.ndarray, float, np.ndarray, float, float]:
-        """(rates, mean_rate, odds of the clipped rates, total successes, total trials), recomputed
-        only after an update."""
+    def _estimates(self) -> tuple[np.ndarray, float, np.ndarray, float, float, np.ndarray]:
+        """(rates, mean_rate, odds of the clipped rates, total successes, total trials, ``prefix``),
+        recomputed only after an update."""
         if self._cache is None:
             pt = self.prior_trials
             rates = np.minimum((self.succ + self.prior * pt) / (self.trials + pt), MAX_RATE)
             t_all, s_all = self._counts.sum(axis=1).tolist()
             mean = min((s_all + float(self.prior[0]) * pt) / (t_all + pt), MAX_RATE)
             c = np.maximum(rates, RATE_EPS)  # clipped to (0, 1): the upper bound is already MAX_RATE
-            self._cache = (rates, mean, c / (1.0 - c), s_all, t_all)
+            self._cache = (rates, mean, c / (1.0 - c), s_all, t_all, np.concatenate(([0.0], np.cumsum(rates))))
         return self._cache
+
+    @property
+    def prefix(self) -> np.ndarray:
+        """(K+1,) the rates' sums over positions 0..c-1, c = 0..K: the chain successes they expect of a
+        draft that tried c positions (what ``RequestBeta.reference`` compares a request with)."""
+        return self._estimates()[5]
 
     @property
     def totals(self) -> tuple[float, float]:
@@ -176,10 +182,11 @@ class RequestBeta:
 
     Request r's posterior mean = (s_r + m * prior_r) / (t_r + m): a new request starts at the prior
     (global or its category's), an easy request earns a higher rate after a few steps. Beside its
-    successes it keeps its chain trials per draft position, n_r[j], so that it is compared with what
-    the pooled position curve a[j] expects of the same trials (``reference``):
+    successes it keeps how many of its drafts tried each number of positions, h_r[c] (c = 0..K), so
+    that it is compared with what the pooled position curve a[j] expects of the same trials
+    (``reference``):
 
-        ref_r = (sum_j n_r[j] a[j] + m * pooled) / (t_r + m),
+        ref_r = (sum_c h_r[c] A[c] + m * pooled) / (t_r + m),   A[c] = a[0] + ... + a[c-1],
 
     not with the pooled rate, which counts deep positions (0.93+ on the CPU pair) that a short draft
     never reaches. The curve is read as it is now, so evidence a request gave while the curve was
@@ -193,8 +200,8 @@ class RequestBeta:
         self.m = float(strength)
         self.s = np.zeros(capacity)
         self.t = np.zeros(capacity)
-        self.n = np.zeros((capacity, max_k))  # (slots, K) chain trials per draft position
-        self._pos = np.arange(max_k)  # (K,) draft positions, for prefix masks
+        self.h = np.zeros((capacity, max_k + 1))  # (slots, K+1) drafts by the positions they tried
+        self.K = max_k
 
     def ensure(self, max_slot: int) -> None:
         size = self.s.size
@@ -202,22 +209,22 @@ class RequestBeta:
             extra = max(max_slot + 1, 2 * size) - size  # new slots start empty
             self.s = np.concatenate([self.s, np.zeros(extra)])
             self.t = np.concatenate([self.t, np.zeros(extra)])
-            self.n = np.concatenate([self.n, np.zeros((extra, self.n.shape[1]))])
+            self.h = np.concatenate([self.h, np.zeros((extra, self.K + 1))])
 
     def reset(self, slots: np.ndarray) -> None:
         self.s[slots] = 0.0
         self.t[slots] = 0.0
-        self.n[slots] = 0.0
+        self.h[slots] = 0.0
 
     def update(self, slots: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """Slots are distinct within one step (one outcome per request); the arrays grow to the
-        largest slot. ``trials`` (n,): each request's chain trials, positions 0..trials-1."""
+        largest slot. ``trials`` (n,) int: each request's chain trials, positions 0..trials-1."""
         if slots.shape[0] == 1:  # one request: scalar adds instead of gathers and scatters
             j = int(slots[0])
             self.ensure(j)
             self.s[j] += successes[0]
             self.t[j] += trials[0]
-            self.n[j, : int(trials[0])] += 1.0
+            self.h[j, min(int(trials[0]), self.K)] += 1.0
             return
         try:
             self.s[slots] += successes
@@ -225,7 +232,7 @@ class RequestBeta:
             self.ensure(int(slots.max()))
             self.s[slots] += successes
         self.t[slots] += trials
-        self.n[slots] += self._pos[None, :] < trials[:, None]
+        self.h[slots, np.minimum(trials, self.K)] += 1.0
 
     def mean(self, slots: np.ndarray, prior) -> np.ndarray:
         if slots.shape[0] == 1 and not isinstance(prior, np.ndarray):  # plain floats, same bits
@@ -233,10 +240,15 @@ class RequestBeta:
             return np.array([min((float(self.s[j]) + self.m * prior) / (float(self.t[j]) + self.m), MAX_RATE)])
         return np.minimum((self.s[slots] + self.m * prior) / (self.t[slots] + self.m), MAX_RATE)
 
-    def reference(self, slots: np.ndarray, rates: np.ndarray, pooled: float) -> np.ndarray:
-        """(n,) what the position curve ``rates`` (K,) expects of each request's trials, shrunk to
-        ``pooled`` as ``mean`` shrinks its own rate (class doc): its shift is mean's log-odds minus this one's."""
-        return np.minimum((self.n[slots] @ rates + self.m * pooled) / (self.t[slots] + self.m), MAX_RATE)
+    def reference(self, slots: np.ndarray, prefix: np.ndarray, pooled: float) -> np.ndarray | float:
+        """What the position curve expects of each request's trials, shrunk to ``pooled`` as ``mean``
+        shrinks its own rate (class doc): a request's shift is mean's log-odds minus this one's.
+        ``prefix`` (K+1,): the curve's sums A[c] (``PositionRates.prefix``). (n,), or a float for one request."""
+        # (no upper clip: a mean of rates that are at most MAX_RATE, with pooled, is at most MAX_RATE)
+        if slots.shape[0] == 1:
+            j = int(slots[0])
+            return (float(self.h[j] @ prefix) + self.m * pooled) / (float(self.t[j]) + self.m)
+        return (self.h[slots] @ prefix + self.m * pooled) / (self.t[slots] + self.m)
 
 
 class CategoryRates:
@@ -371,8 +383,8 @@ def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarr
     if position_odds is None:
         pos = np.clip(position_rates, RATE_EPS, 1 - RATE_EPS)
         position_odds = pos / (1.0 - pos)
-    if isinstance(pooled_rate, np.ndarray):
-        pooled = np.minimum(np.maximum(pooled_rate, RATE_EPS), 1 - RATE_EPS)
+    if isinstance(pooled_rate, np.ndarray):  # references are at most MAX_RATE < 1 - RATE_EPS
+        pooled = np.maximum(pooled_rate, RATE_EPS)
     else:
         pooled = min(max(pooled_rate, RATE_EPS), 1 - RATE_EPS)
     r = np.minimum(np.maximum(request_rate, RATE_EPS), 1 - RATE_EPS)  # np.clip, without its dispatch cost

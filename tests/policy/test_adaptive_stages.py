@@ -69,7 +69,7 @@ def test_survival_stage_ranks_requests_by_their_own_acceptance_and_falls_along_p
     ctx = _ctx()
     acc = AcceptanceModel(ctx.prior_positions, 8.0, 64, ctx.confidences)
     slots = np.arange(2)
-    acc.req[0].update(slots, np.array([40.0, 2.0]), np.array([44.0, 40.0]))  # request 0 accepts, 1 rejects
+    acc.req[0].update(slots, np.array([40, 2]), np.array([44, 40]))  # request 0 accepts, 1 rejects
     surv = acc.survival(_view(2), np.zeros(2, dtype=np.int64), True)  # (2, K)
     assert surv.shape == (2, K)
     assert (surv[0] > surv[1]).all()

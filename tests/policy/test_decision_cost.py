@@ -139,18 +139,18 @@ def test_request_posteriors_grow_on_update_and_new_slots_start_empty():
     rb = RequestBeta(strength=8.0, capacity=4)
     rb.update(np.array([0, 1, 2, 3]), np.array([3, 1, 0, 2]), np.array([4, 2, 1, 3]))
     rb.update(np.array([1, 9]), np.array([1, 2]), np.array([2, 3]))
-    assert rb.s.size >= 10 and rb.t.size == rb.s.size == rb.n.shape[0]
-    np.testing.assert_array_equal(rb.n[:4, :5], [[1, 1, 1, 1, 0], [2, 2, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]])
-    np.testing.assert_array_equal(rb.n[9, :4], [1, 1, 1, 0])
-    assert (rb.n[4:9] == 0.0).all()
+    assert rb.s.size >= 10 and rb.t.size == rb.s.size == rb.h.shape[0]
     np.testing.assert_array_equal(rb.s[:4], [3, 2, 0, 2])
     np.testing.assert_array_equal(rb.t[:4], [4, 4, 1, 3])
+    np.testing.assert_array_equal(rb.h[:4, :5], [[0, 0, 0, 0, 1], [0, 0, 2, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, 1, 0]])
     np.testing.assert_array_equal(rb.s[4:9], 0.0)  # added slots start empty
-    assert rb.s[9] == 2 and rb.t[9] == 3
+    assert (rb.h[4:9] == 0.0).all() and rb.s[9] == 2 and rb.t[9] == 3 and rb.h[9, 3] == 1
     rb.update(np.array([12]), np.array([1]), np.array([2]))  # batch 1 grows too
     assert rb.t[12] == 2 and rb.mean(np.array([12]), 0.5)[0] == (1 + 8 * 0.5) / (2 + 8)
-    rates = np.linspace(0.9, 0.2, 8)
-    assert rb.reference(np.array([12]), rates, 0.5)[0] == (0.9 + rates[1] + 8 * 0.5) / (2 + 8)
+    prefix = np.concatenate(([0.0], np.cumsum(np.linspace(0.9, 0.2, 8))))  # (K+1,)
+    assert rb.reference(np.array([12]), prefix, 0.5) == (prefix[2] + 8 * 0.5) / (2 + 8)
+    np.testing.assert_allclose(rb.reference(np.array([1, 12]), prefix, 0.5),
+                               [(2 * prefix[2] + 8 * 0.5) / (4 + 8), (prefix[2] + 8 * 0.5) / (2 + 8)])
 
 
 def test_weights_and_prefix_sums_given_to_the_optimiser_equal_weighted_survival():

@@ -126,7 +126,7 @@ class AcceptanceModel:
         pooled = pos.mean_rate
         prior = pooled if category is None else self.cat.rates(category, pooled)  # float or (n,)
         rate = self.req[i].mean(slots, prior)  # (n,)
-        return request_position_survival(rate, pos.rates, self.req[i].reference(slots, pos.rates, pooled), pos.odds)
+        return request_position_survival(rate, pos.rates, self.req[i].reference(slots, pos.prefix, pooled), pos.odds)
 
     def learn(self, outcome: StepOutcome, d_ctx: np.ndarray, tried: np.ndarray, spec: np.ndarray, s: np.ndarray,
               t: np.ndarray, uniform: bool) -> None:
