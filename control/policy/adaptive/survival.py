@@ -14,8 +14,8 @@ with ref_r what the curve expects of the positions r tried (``RequestBeta.refere
 the pooled rate alike: a request is shifted by how it did against the curve where it drafted. Against
 the pooled rate, which counts the deep positions only long drafts reach (0.93+ on the CPU pair, 0.83
 at the first), every request that drafts short read as a poor one: on the full pair's replay at batch
-4 the requests' shifts averaged -0.26 in log-odds, and adaptive expected 0.77 of the first draft
-tokens it got 0.83 of (docs/decisions.md, stop 62).
+4 the requests' shifts averaged -0.26 in log-odds, and adaptive expected the first draft position
+to pass 0.77 of the times it passed 0.83 (docs/decisions.md, stop 62).
 
 An n-gram lookup's acceptance depends on what it proposes: on the CPU pair's record a lookup that
 proposes 2-5 tokens (a recent repeat) has its first token accepted 94-100% of the time, one that
