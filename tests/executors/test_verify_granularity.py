@@ -133,13 +133,19 @@ def _latency(verify, policy, drafter="ngram") -> tuple[float, np.ndarray]:
     return float(np.mean(res.finish_s - res.arrival_s)), res.k_hist[: K + 1]
 
 
-@pytest.mark.parametrize(("verify", "drafter"), [(padded(K, always=True), "ngram"), (padded(K), "draft")])
-def test_on_a_padded_engine_knowing_it_lowers_latency(verify, drafter):
+# (verify, drafter, most aware / blind mean latency): measured 0.988 and 0.688. With n-gram it read
+# 0.952 while each request's acceptance was judged against the pooled rate: the aware policy's latency
+# is the same now (2.81 s), the blind one's 2.95 -> 2.84 s (docs/decisions.md, stop 62)
+PADDED_CASES = [(padded(K, always=True), "ngram", 0.995), (padded(K), "draft", 0.975)]
+
+
+@pytest.mark.parametrize(("verify", "drafter", "most"), PADDED_CASES)
+def test_on_a_padded_engine_knowing_it_lowers_latency(verify, drafter, most):
     """The simulated target pads every draft to K (as TensorRT-LLM does under the drafter hook): a
     policy that prices per-request k + 1 verification chooses small k it pays K + 1 for anyway."""
     aware, k_aware = _latency(verify, lambda p: p, drafter)
     blind, k_blind = _latency(verify, Blind, drafter)
-    assert aware < 0.975 * blind, (aware, blind)
+    assert aware < most * blind, (aware, blind)
     if drafter == "ngram":
         # all or nothing: k between 1 and K - 1 only where max_tokens caps it at a request's end
         assert k_aware[1:K].sum() < 0.05 * k_aware.sum() < k_blind[1:K].sum()
