@@ -367,41 +367,42 @@ class ConfidenceMap:
         return float(np.power(10.0, slope * (cut - xp[j]) + fp[j]))
 
 
-def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, pooled_rate: float | np.ndarray,
+def request_position_survival(request_rate: np.ndarray, position_rates: np.ndarray, reference: float | np.ndarray,
                               position_odds: np.ndarray | None = None) -> np.ndarray:
     """Survival p[r, j] combining a request's own rate with the global per-position shape.
 
-    logit(a[r, j]) = logit(position_rate[j]) + logit(request_rate[r]) - logit(pooled_rate[r]): the
-    request's rate shifts the whole per-position curve, which keeps its decay along the draft
-    (``pooled_rate``: a float, or (n,) each request's reference, ``RequestBeta.reference``).
+    logit(a[r, j]) = logit(position_rate[j]) + logit(request_rate[r]) - logit(reference[r]): the
+    request's rate against what the curve expects of it shifts the whole per-position curve, which
+    keeps its decay along the draft (``reference``: a float, such as the pooled rate, or (n,) each
+    request's, ``RequestBeta.reference``).
     Computed as a product of odds (no log/exp on the hot path); ``position_odds`` (the clipped
     position rates' odds, e.g. ``PositionRates.odds``) saves recomputing them. Shape (n, K).
     """
     if request_rate.shape[0] == 1:
-        ref = float(pooled_rate[0]) if isinstance(pooled_rate, np.ndarray) else pooled_rate
+        ref = float(reference[0]) if isinstance(reference, np.ndarray) else reference
         return _one_request_survival(float(request_rate[0]), position_rates, ref, position_odds)
     if position_odds is None:
         pos = np.clip(position_rates, RATE_EPS, 1 - RATE_EPS)
         position_odds = pos / (1.0 - pos)
-    if isinstance(pooled_rate, np.ndarray):  # references are at most MAX_RATE < 1 - RATE_EPS
-        pooled = np.maximum(pooled_rate, RATE_EPS)
+    if isinstance(reference, np.ndarray):  # references are at most MAX_RATE < 1 - RATE_EPS
+        ref = np.maximum(reference, RATE_EPS)
     else:
-        pooled = min(max(pooled_rate, RATE_EPS), 1 - RATE_EPS)
+        ref = min(max(reference, RATE_EPS), 1 - RATE_EPS)
     r = np.minimum(np.maximum(request_rate, RATE_EPS), 1 - RATE_EPS)  # np.clip, without its dispatch cost
-    odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - pooled) / pooled))[:, None]
+    odds = position_odds[None, :] * ((r / (1.0 - r)) * ((1.0 - ref) / ref))[:, None]
     return np.cumprod(odds / (1.0 + odds), axis=1)
 
 
-def _one_request_survival(rate: float, position_rates: np.ndarray, pooled_rate: float,
+def _one_request_survival(rate: float, position_rates: np.ndarray, reference: float,
                           position_odds: np.ndarray | None) -> np.ndarray:
     """``request_position_survival`` for one request on plain floats (the same operations in the same
     order, so the same bits; at batch 1 numpy's per-call cost is most of the work). Shape (1, K)."""
     if position_odds is None:
         pos = np.clip(position_rates, RATE_EPS, 1 - RATE_EPS)
         position_odds = pos / (1.0 - pos)
-    pooled = min(max(pooled_rate, RATE_EPS), 1 - RATE_EPS)
+    ref = min(max(reference, RATE_EPS), 1 - RATE_EPS)
     r = min(max(rate, RATE_EPS), 1 - RATE_EPS)
-    q = (r / (1.0 - r)) * ((1.0 - pooled) / pooled)
+    q = (r / (1.0 - r)) * ((1.0 - ref) / ref)
     out = []
     run = 1.0
     for o in position_odds.tolist():

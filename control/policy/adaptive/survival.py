@@ -95,7 +95,10 @@ class AcceptanceModel:
         """(n, K) survival of each request's draft positions on its drafter ``d_ctx`` (n,) (``uniform``:
         one drafter serves the whole batch)."""
         if uniform:  # always so at batch 1: no masks
-            surv = self.survival_of(int(d_ctx[0]), view.slots, view.category)
+            i = int(d_ctx[0])
+            if view.ngram_avail is not None and i in self.by_avail:  # every row from its lookup's curve
+                return self.by_avail[i].curves()[np.minimum(view.ngram_avail, self.K)]
+            surv = self.survival_of(i, view.slots, view.category)
         else:
             surv = self._mixed_survival(view, d_ctx)
         if view.ngram_avail is not None and self.by_avail:
