@@ -29,6 +29,28 @@ def test_adaptive_catches_up_a_lagging_draft_when_the_request_has_long_to_run():
     assert decide(4).k.sum() == 0  # ... but not over 4
 
 
+def test_a_request_that_stays_on_its_drafter_catches_up_only_what_its_remaining_tokens_repay():
+    """One drafter: a lagging request stays on it, so its catch-up is decided as if paid where the rest
+    of its life repays it, the catch-up's share per step against what the tokens it adds are worth at
+    the step's goodput. Tested in tokens times goodput (tokens^2 per ms) against ms, 16 requests with 3
+    tokens left each caught up 1,200 tokens for about one accepted token apiece (the batch's modelled
+    goodput 1.3 against 2.6 tokens per ms waiting)."""
+    prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
+    plan = compile_plan(prof, max_k=8, drafters=["draft"])
+    n = 16
+    ctx = np.full(n, 1200)
+
+    def decide(remaining):
+        pol = build_policy("adaptive", plan)
+        view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=ctx,
+                              remaining=np.full(n, remaining), drafters=("draft",), max_k=8, free_kv_slots=10**6,
+                              token_budget=8192, draft_lag=ctx[:, None].copy(), step=1)
+        return pol.decide(view).k.sum()
+
+    assert decide(3) == 0 and decide(6) == 0
+    assert decide(8) > 0 and decide(400) > 0
+
+
 def test_adaptive_cuts_long_context_drafts_later_than_short_ones():
     """A long-context request pays its KV read every step it stays: its own goodput is below the
     batch's, so its confidence cut is lower than the batch-level cut; a short one's is higher."""

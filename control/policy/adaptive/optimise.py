@@ -24,7 +24,7 @@ waiting saves nothing: the lag only grows by the tokens the request emits meanwh
 step charges it again, while the request's weight (its pace at k = 0 is one token a step) rises
 until it drafts deep to repay the charge. So a lagging request the charged optimiser gives no tokens
 is decided once more with its catch-up as if paid, where its remaining life can repay it (its
-share per step left b_d lag_r (1 + P_r(cap_r)) / remaining_r <= G P_r(cap_r), G the step's goodput):
+share per step left b_d lag_r (1 + P_r(cap_r)) / remaining_r <= P_r(cap_r) / G, G the step's goodput):
 it drafts when it would in sync. While the bandit explores, a request may sit on a drafter for one
 chunk only, and the charge decides alone.
 
@@ -100,11 +100,11 @@ class Optimiser:
         waits = (choice.k == 0) & (plan.lag > 0) & (plan.cap > 0)  # (n,) bool
         if not waits.any():
             return choice
-        # only a catch-up that its remaining life can repay: its share per step left (``lag``) against
-        # the tokens drafting at its cap adds per step, at the step's goodput
+        # only a catch-up that its remaining life can repay: its share per step left (``lag``, in ms) against
+        # what the tokens drafting at its cap adds per step are worth at the step's goodput (gain / G ms)
         gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[self.rows(plan.n), plan.cap]  # (n,)
         b = cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)]  # (n,) ms per token caught up
-        waits &= b * lag <= choice.goodput * gain
+        waits &= b * lag * choice.goodput <= gain
         if not waits.any():
             return choice
         alt = optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx,
