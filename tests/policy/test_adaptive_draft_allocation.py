@@ -51,6 +51,31 @@ def test_a_request_that_stays_on_its_drafter_catches_up_only_what_its_remaining_
     assert decide(8) > 0 and decide(400) > 0
 
 
+def test_a_new_request_priced_in_sync_with_its_draft_model_is_decided_as_if_its_catch_up_were_paid():
+    """With several drafters a new request's catch-up on the draft model it is priced in sync with
+    stands for the prefill that would have put it there: the optimiser decides it as if paid, while the
+    bandit explores too, where the rest of its life repays it (12 tokens here), and by the charge alone
+    where new requests do not count in sync (they wait). Over 4 tokens the catch-up costs more than the
+    tokens are worth at the step's goodput, in sync or not."""
+    prof = make_profile(target=(5e-5, 0.0105, 5.0), draft=(1.3e-5, 0.0013, 1.1))
+    plan = compile_plan(prof, max_k=8)
+    n = 16
+    ctx = np.full(n, 1200)
+
+    def decide(remaining, in_sync):
+        pol = build_policy("adaptive", plan)
+        pol.choice.new_in_sync = in_sync
+        view = StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=ctx,
+                              remaining=np.full(n, remaining), drafters=("draft",), max_k=8, free_kv_slots=10**6,
+                              token_budget=8192, draft_lag=ctx[:, None].copy(), step=1)
+        d = pol.decide(view)
+        assert pol.bandit.exploring and not d.prefill_draft
+        return d.k.sum()
+
+    assert decide(12, True) > 0 and decide(12, False) == 0
+    assert decide(4, True) == 0
+
+
 def test_adaptive_cuts_long_context_drafts_later_than_short_ones():
     """A long-context request pays its KV read every step it stays: its own goodput is below the
     batch's, so its confidence cut is lower than the batch-level cut; a short one's is higher."""

@@ -623,7 +623,7 @@ def test_adaptive_moves_a_batch_to_the_draft_model_it_would_choose_in_sync_as_th
         assert whole == 0, ch._last_values  # the catch-up keeps the batch on small
         assert ch.target == (1 if moves else -1)
         ch.note_favourite(_ran(_two_models_view(n, ctx, none, behind), np.zeros(n, dtype=np.int64), np.full(n, 2)))
-        assert ch.fav == 0 and ch.prefills
+        assert ch.fav == 0 and ch.new_in_sync
         assert pol.prefill_drafter() == ch.newcomer() == (1 if moves else 0)  # the executor lists them as the plan
         assert pol.drafter_state()["target"] == ("tiny" if moves else None)
     # the batch turning over: two new requests prefilled on tiny lag small
@@ -661,3 +661,40 @@ def test_a_lookup_the_executor_scores_is_not_explored_and_takes_a_batch_only_by_
     assert ch._stay_off_lookup(np.array([1.0, 1.001]), 1, allowed) == 1
     ch.exploit, ch.lookups_scored = 0, False  # unscored, n-gram is learned only by drafting on it
     assert ch._stay_off_lookup(np.array([1.0, below]), 1, allowed) == 1
+
+
+def test_adaptive_prices_new_requests_as_if_prefilled_on_the_favourite(monkeypatch):
+    """No prefill pass builds a new request's draft state (short prompts): it lags the draft model by its
+    whole context until its first draft pass there catches up. While new requests count in sync with the
+    favourite (``new_in_sync``), exploration prices them as if prefilled there, as likely to draw the
+    draft model as a batch in sync; once they do not, their catch-up is priced and the draft model is
+    drawn less. A request that drafted there before and fell behind is priced at its lag either way.
+    (4,096 draws, so the chances are read to about 0.01.)"""
+    import control.policy.adaptive.drafters as drafters
+    from control.plan import compile_plan
+    from control.policy import StepView, build_policy
+    from tests.conftest import make_profile
+
+    monkeypatch.setattr(drafters, "THOMPSON_SAMPLES", 4096)
+    pol = build_policy("adaptive", compile_plan(make_profile(), max_k=8))
+    n = 8
+
+    def view(lag, ctx=300):
+        dl = np.zeros((n, 2), dtype=np.int64)
+        dl[:, 0] = lag
+        return StepView.build(slots=np.arange(n), request_ids=np.arange(n), ctx_lens=np.full(n, ctx),
+                              remaining=np.full(n, 100), drafters=("draft", "ngram"), max_k=8, free_kv_slots=10**6,
+                              token_budget=8192, draft_lag=dl, step=1)
+
+    assert not pol.decide(view(0)).prefill_draft
+    ch, allowed = pol.choice, np.array([True, True])
+    assert ch.new_in_sync and ch.fav == 0
+
+    def p_draft(v):
+        return ch.explore_probs(v, allowed, pol._to_exec, pol.cost)[0]
+
+    in_sync = p_draft(view(0))
+    assert abs(p_draft(view(300)) - in_sync) < 0.04  # new: priced as if prefilled
+    assert p_draft(view(290)) < in_sync - 0.1  # drafted there once: its lag is real
+    ch.new_in_sync = False
+    assert p_draft(view(300)) < in_sync - 0.1

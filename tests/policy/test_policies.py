@@ -218,22 +218,25 @@ def test_adaptive_with_one_drafter_prefills_long_prompts_while_its_gate_is_on():
     assert not prefills(limit * 2, prefill_tokens=limit * 2, plan=off, n=8)
 
 
-def test_adaptive_among_drafters_prefills_the_draft_model_only_while_it_is_the_likeliest_best(monkeypatch):
-    """Beside n-gram, new requests prefill the draft model's state while the profile (before any step)
-    or the exploration's draws make it the likeliest best drafter; where n-gram is (a draft model
-    slower per token than the target, as on the quick CPU pair) they do not. (4,096 draws: the draft
-    model is best in 57% of them, which 32 draws can miss.)"""
+def test_adaptive_among_drafters_counts_new_requests_in_sync_with_the_draft_model_only_while_it_is_likeliest_best(
+        monkeypatch):
+    """Beside n-gram, new requests are priced as if they had prefilled the draft model's state while the
+    profile (before any step) or the exploration's draws make it the likeliest best drafter; where n-gram
+    is (a draft model slower per token than the target, as on the quick CPU pair) they are not. Either way
+    no prefill pass runs for short prompts: a request builds the state by catch-up where it drafts.
+    (4,096 draws: the draft model is best in 57% of them, which 32 draws can miss.)"""
     import control.policy.adaptive.drafters as drafters
 
     monkeypatch.setattr(drafters, "THOMPSON_SAMPLES", 4096)
     view = _view(np.random.default_rng(0), 4, step=1)
     model_best = build_policy("adaptive", compile_plan(make_profile(), max_k=8))
     d = model_best.decide(view)
-    assert d.prefill_draft and d.prefill_drafter == DRAFTERS.index("draft")
+    assert model_best.choice.new_in_sync and model_best.drafter_state()["new_in_sync"]
+    assert not d.prefill_draft and d.prefill_drafter == DRAFTERS.index("draft")
     slow_draft = make_profile(draft=(2.5e-5, 0.08, 6.0), acceptance={"draft": 0.7, "ngram": 0.7})
     ngram_best = build_policy("adaptive", compile_plan(slow_draft, max_k=8))
     assert not ngram_best.decide(view).prefill_draft
-    assert not ngram_best.wants_draft_prefill(view)
+    assert not ngram_best.choice.new_in_sync
 
 
 def test_specserve_prunes_unlikely_tails():
@@ -307,9 +310,9 @@ def test_adaptive_drafts_longer_once_it_sees_the_loop_cost_every_step_carries(pl
     assert (d.k >= base.k).all() and d.k.sum() > base.k.sum()
 
 
-def test_adaptive_stops_prefilling_once_the_batch_drafts_mostly_on_n_gram():
-    """Exploiting, new requests prefill the draft model only while at least half of the batch drafts
-    on it: once the matching puts most requests on n-gram, a prefill would mostly go unused."""
+def test_adaptive_stops_counting_new_requests_in_sync_once_the_batch_drafts_mostly_on_n_gram():
+    """Exploiting, new requests count in sync with the draft model only while at least half of the batch
+    drafts on it: once the matching puts most requests on n-gram, most of them would never draft there."""
     from control.goodput.optimizer import Choice
     from control.policy.adaptive.step_plan import StepPlan
 
@@ -322,7 +325,8 @@ def test_adaptive_stops_prefilling_once_the_batch_drafts_mostly_on_n_gram():
         sp = StepPlan(view, k, d_ctx=d_ctx, uniform=bool((d_ctx == d_ctx[0]).all()))
         sp.choice = Choice(k, 0.0, 1.0, 1.0)
         pol.choice.note_favourite(sp)
-        return pol.wants_draft_prefill(view)
+        assert not pol.wants_draft_prefill(view)  # short prompts: no prefill pass either way
+        return pol.choice.new_in_sync
 
     draft, ngram = DRAFTERS.index("draft"), DRAFTERS.index("ngram")
     assert ran(np.array([draft] * 4 + [ngram] * 2), np.full(6, 3))

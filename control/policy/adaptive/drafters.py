@@ -15,23 +15,27 @@ in a step pays its own k passes; the cohort priced apart, below, and the rest ea
 most used one, or while exploring the one likeliest best, the favourite on a near tie, except that
 from the second epoch a model still unmeasured (fewer than ``PROBE_TRIALS`` first-position trials)
 keeps the requests drawn for it. The favourite is the model
-that drafted most last step (at first the profile's best model); new requests prefill its state while
-it is likeliest best (P >= ``PREFILL_SHARE`` while exploring; at first, while the profile's best drafter
-is a model), or while exploiting, while at least that share of the batch drafts on a model. Otherwise a
-request builds its draft state by catch-up in its first draft pass, a price exploration charges the draft
-models and not n-gram (docs/decisions.md, 2026-11-27).
+that drafted most last step (at first the profile's best model). A request builds a draft model's state
+by catch-up in its first draft pass there, a price exploration charges the draft models and not n-gram
+(docs/decisions.md, 2026-11-27). So new requests, those that never drafted on the favourite, are priced
+as if they had prefilled its state while it is likeliest best (P >= ``SYNC_SHARE`` while exploring; at
+first, while the profile's best drafter is a model), or while exploiting, while at least that share of
+the batch drafts on a model (``new_in_sync``): the drafter choice sees them in sync with it (``lag``),
+and the optimiser decides their catch-up there as paid, exploring or not (``StepPlan.sunk``). No prefill
+pass runs for them: the catch-up costs the same tokens without a pass of its own, and nothing for a
+request that never drafts there (docs/decisions.md, 2026-11-30 (stop 63)).
 The requests in sync with the favourite draft model (no lag there) are priced apart when others lag
 on it: moving the batch would pay the others' catch-up, not theirs, so their choice charges only their
 own (while exploring they draw with those probabilities, ``sync_p``; while exploiting they take that
-choice, ``exploit_sync``), and whether new requests prefill the favourite asks what a request in sync
+choice, ``exploit_sync``), and whether new requests count as in sync asks what a request in sync
 would choose. Priced with the batch, a batch that had settled on n-gram never moved: its own catch-up
 outweighed the draft model's lead, so new requests were not prefilled and fell behind in turn
 (docs/decisions.md, 2026-11-29 (stop 59)).
 A batch on the favourite only for the catch-up another draft model would cost it moves there as it turns
 over: when a request in sync with every model would draft faster on the other one at the posterior means
-(by ``MIGRATE_MARGIN``), that model is the target: new requests prefill it, and those in sync with it are
-the cohort priced apart, so they draft there while the rest stay, two models drafting in a step until the
-favourite (the most used) follows (docs/decisions.md, 2026-11-29 (stop 60)).
+(by ``MIGRATE_MARGIN``), that model is the target: new requests count as in sync with it, and those in sync
+with it are the cohort priced apart, so they draft there while the rest stay, two models drafting in a step
+until the favourite (the most used) follows (docs/decisions.md, 2026-11-29 (stop 60)).
 Exploitation puts the whole batch on one drafter: the one with the best modelled goodput for this
 batch at the posterior means (the same formula with each rate at mean_i, each draft price at its
 posterior median). SPIN's per-request matching on measured rewards is kept for drafters
@@ -94,19 +98,19 @@ MIN_SHARE_MS = 1e-9  # floor of a request's share of the step time in its reward
 UNCAPPED = 1 << 30  # a drafter without a capacity in the plan
 LOOKUP_MEMORY = 256.0  # request-steps of lookups whose proposal lengths price n-gram: at batch 1 this step's
 # lookup alone flipped the request between n-gram and a draft model, paying a catch-up each time
-PREFILL_SHARE = 0.5  # new requests prefill the favourite draft model's state while it is at least this likely
-# the best drafter (exploring), or at least this share of the batch drafts on a draft model (exploiting):
-# below it most prefills would be spent on requests that never use the state
+SYNC_SHARE = 0.5  # new requests are priced in sync with the favourite draft model while it is at least this
+# likely the best drafter (exploring), or at least this share of the batch drafts on a draft model (exploiting):
+# below it most of them would never draft there (a prefill of its state would have been spent for nothing)
 LEAVE_MARGIN = 0.03  # a batch on a draft model moves to a scored lookup only when the lookup models this much
 # faster: its requests fall out of sync with the models, and coming back costs their catch-up (a lookup
 # within 2% of draft-tiny took batch 16 for good on the AVX2 machine's clock, 0.99 of the best fixed)
-MIGRATE_MARGIN = 0.02  # new requests prefill another draft model than the batch's when a request in sync
+MIGRATE_MARGIN = 0.02  # new requests count in sync with another draft model than the batch's when a request in sync
 # with both would draft this much faster on it at the posterior means (then while it leads at all): the
 # batch moves over as it turns over, two models drafting in a step meanwhile
 
 
 class DrafterChoice:
-    """The bandit, its Thompson exploration, one model per step and the prefill favourite."""
+    """The bandit, its Thompson exploration, one model per step and the favourite new requests are in sync with."""
 
     def __init__(self, ctx: PolicyContext, pos: list[PositionRates], steps: UniformSteps, seed: int,
                  prices: DraftPrices | None = None) -> None:
@@ -129,16 +133,17 @@ class DrafterChoice:
         self._rates = RatePosterior(self.is_ngram)
         self._ngram_idx = np.flatnonzero(self.is_ngram).tolist()  # the n-gram drafters' indices
         self._consolidate = bool(self.is_model.sum() > 1 and not b.capacities)
-        # new requests may prefill a draft model's state: a bandit among drafters with no capacities, at
-        # least one of them a draft model (module doc); ``prefills``: they do now, the state of ``fav``
-        self._may_prefill = bool(self.bandit is not None and self.is_model.any() and not b.capacities)
-        self.fav, self.prefills = -1, False
-        self.target = -1  # the draft model new requests prefill instead of ``fav`` (-1: none; ``_migration_target``)
+        # new requests may be priced in sync with a draft model: a bandit among drafters with no capacities,
+        # at least one of them a draft model (module doc); ``new_in_sync``: they are now, with ``fav``'s state
+        self._may_sync_new = bool(self.bandit is not None and self.is_model.any() and not b.capacities)
+        self.fav, self.new_in_sync = -1, False
+        self.target = -1  # the draft model new requests are in sync with instead of ``fav`` (-1: none; ``_migration_target``)
+        self.lag = np.zeros((0, 0), dtype=I64)  # (n, m_exec) the lag the last choice priced (``_choice_lag``)
         self.lookups_scored = False  # the executor scores every lookup (``StepOutcome.ngram_match``): n-gram needs no trial
-        if self._consolidate or self._may_prefill:
+        if self._consolidate or self._may_sync_new:
             value = self._profile_values(ctx)  # (m,)
             self.fav = int(np.argmax(np.where(self.is_model, value, -np.inf)))
-            self.prefills = self._may_prefill and bool(self.is_model[int(np.argmax(value))])
+            self.new_in_sync = self._may_sync_new and bool(self.is_model[int(np.argmax(value))])
         # exploitation: the whole batch on the drafter with the best modelled goodput (module doc), unless
         # capacities make the matching necessary; ``exploit``: that drafter at the last full decision
         self.whole_batch = bool(self.bandit is not None and not b.capacities)
@@ -193,6 +198,7 @@ class DrafterChoice:
             return
         self.bandit.advance(held_steps)
         self._note_lookups(view.ngram_avail)
+        self.lag, fresh, e_new = self._choice_lag(view, to_exec)
         switch_cost = None
         allowed = self._allowed(to_exec)
         whole = -1
@@ -200,14 +206,14 @@ class DrafterChoice:
         if self.bandit.exploring:
             # fresh every exploring step, so a drafter that stops winning is dropped at once (the
             # favourite too: the profile's favourite can be the one that fails on this workload)
-            self.bandit.explore_p = self.explore_probs(view, allowed, to_exec, cost)
+            self.bandit.explore_p = self.explore_probs(view, allowed, to_exec, cost, self.lag)
             self.bandit.sync_p = self.sync_p
         elif self.whole_batch:
-            whole = self.exploit = self.exploit_best(view, allowed, to_exec, cost)
+            whole = self.exploit = self.exploit_best(view, allowed, to_exec, cost, self.lag)
             if self.sync_rows is not None and self.exploit_sync != whole:  # the cohort in sync moves alone
                 whole = np.where(self.sync_rows, self.exploit_sync, whole)
         elif self.bandit.matches_next():  # only the matching uses it
-            lag_ctx = view.draft_lag[:, np.maximum(to_exec, 0)]  # (n, m)
+            lag_ctx = self.lag[:, np.maximum(to_exec, 0)]  # (n, m)
             switch_cost = lag_ctx * self._per_token_b(cost)
         d_ctx = self.bandit.assign(view.slots, switch_cost, allowed=allowed, whole=whole, sync_rows=self.sync_rows)  # (n,)
         uniform = is_uniform(d_ctx)
@@ -217,9 +223,39 @@ class DrafterChoice:
         if uniform:  # one column: no per-request gathers
             e = max(int(to_exec[d_ctx[0]]) if n else 0, 0)
             sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = d_ctx, np.full(n, e, dtype=I64), view.draft_lag[:, e], True
+            sp.sunk = None if fresh is None or e != e_new else fresh
             return
         d_exec = np.maximum(to_exec[d_ctx], 0)  # (n,)
         sp.d_ctx, sp.d_exec, sp.lag, sp.uniform = d_ctx, d_exec, view.draft_lag[np.arange(n), d_exec], False
+        sp.sunk = None if fresh is None else fresh & (d_exec == e_new)
+
+    def _choice_lag(self, view: StepView, to_exec: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """(lag (n, m_exec), fresh (n,) bool or None, e): the lag the drafter choice prices, the view's
+        with the new requests (no draft model's state built: each lags as far as its context goes) at 0
+        on the draft model they are in sync with (its executor index e) while they are (``new_in_sync``,
+        module doc); ``fresh``: those requests (None: none).
+
+        A request that drafted on n-gram alone since it arrived lags by the tokens it generated since
+        as well, which a prefill at its arrival would not have saved; it is priced in sync all the same
+        (the view does not say how long its prompt was)."""
+        lag = view.draft_lag
+        f = self.prefill_model() if self.new_in_sync else -1
+        e = int(to_exec[f]) if f >= 0 and to_exec.size else f
+        if e < 0 or e >= lag.shape[1]:
+            return lag, None, -1
+        col = lag[:, e]  # (n,)
+        fresh = (col > 0) & (col >= view.ctx_lens)  # (n,) bool: nothing of it on the draft model
+        if not fresh.any():
+            return lag, None, -1
+        models = to_exec[self.is_model & (to_exec >= 0)] if to_exec.size else np.flatnonzero(self.is_model)
+        models = models[models < lag.shape[1]]
+        if models.size > 1:  # nor on any other model (in sync there since it arrived)
+            fresh &= (lag[:, models] >= view.ctx_lens[:, None]).all(axis=1)
+            if not fresh.any():
+                return lag, None, -1
+        lag = lag.copy()
+        lag[fresh, e] = 0
+        return lag, fresh, e
 
     def newcomer(self) -> int:
         """The plan drafter for a request that arrives before the next full decision, as the bandit
@@ -228,18 +264,19 @@ class DrafterChoice:
         b = self.bandit
         if b is None:
             return -1
-        if self.target >= 0:  # prefilled there (``note_favourite``: a target always prefills)
+        if self.target >= 0:  # in sync there (``note_favourite``: new requests always are with a target)
             return self.target
         if b.exploring:
-            p = self.sync_p if self.prefills and self.sync_p is not None else b.explore_p
+            p = self.sync_p if self.new_in_sync and self.sync_p is not None else b.explore_p
             return int(np.argmax(p)) if p is not None and p.any() else -1
         if self.whole_batch:
-            return self.exploit_sync if self.prefills and self.exploit_sync >= 0 else self.exploit
+            return self.exploit_sync if self.new_in_sync and self.exploit_sync >= 0 else self.exploit
         return b.best_new() if b.pool_cnt.any() else -1
 
     def prefill_model(self) -> int:
-        """The plan drafter whose state new requests prefill (-1: none known): the migration target
-        while there is one, else the favourite."""
+        """The plan drafter new requests are priced in sync with, and whose state an executor prefills for
+        them where the policy asks for a prefill (long prompts, ``AdaptivePolicy.wants_draft_prefill``;
+        -1: none known): the migration target while there is one, else the favourite."""
         return self.target if self.target >= 0 else self.fav
 
     def _allowed(self, to_exec: np.ndarray) -> np.ndarray:
@@ -255,10 +292,12 @@ class DrafterChoice:
             self._b_arr = cost.catch_up_ms_per_token()
         return self._b_arr
 
-    def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> np.ndarray:
+    def explore_probs(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel,
+                      lag: np.ndarray | None = None) -> np.ndarray:
         """(m,) each drafter's posterior probability of giving the best goodput for this batch (module doc);
         also sets ``target``, ``sync_rows`` and ``sync_p``, the same for the requests in sync with the
-        favourite or the target."""
+        favourite or the target. ``lag`` (n, m_exec): the lag to price (None: ``_choice_lag``'s)."""
+        self.lag = self._choice_lag(view, to_exec)[0] if lag is None else lag
         m = len(self.ctx.drafters)
         mean, cov = self._rates(self.ctx.prior_rate, self.evidence)  # (m,), (m, m) log-odds
         v = mean + self._rng.standard_normal((THOMPSON_SAMPLES, m)) @ np.linalg.cholesky(cov).T  # (S, m)
@@ -284,16 +323,18 @@ class DrafterChoice:
         p = probs(catch)
         self.target = self._migration_target(view, cost, priced[THOMPSON_SAMPLES:], inv, med, allowed, int(np.argmax(p)))
         anchor = self.target if self.target >= 0 else self.fav
-        settled = anchor >= 0 and p[anchor] >= PREFILL_SHARE  # the batch's draws favour the anchor already
+        settled = anchor >= 0 and p[anchor] >= SYNC_SHARE  # the batch's draws favour the anchor already
         self.sync_rows = self._cohort(view, to_exec, None if settled else catch, anchor)
         self.sync_p = p if self.sync_rows is None else probs(self._catch_up_ms(view, to_exec, cost, self.sync_rows))
         self._sync_pick = int(np.argmax(self.sync_p))
         return p
 
-    def exploit_best(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel) -> int:
+    def exploit_best(self, view: StepView, allowed: np.ndarray, to_exec: np.ndarray, cost: StepCostModel,
+                     lag: np.ndarray | None = None) -> int:
         """The drafter with the best modelled goodput for this batch at the posterior means (module doc);
         also sets ``target``, ``sync_rows`` and ``exploit_sync``, the same for the requests in sync with
-        the favourite or the target."""
+        the favourite or the target. ``lag`` (n, m_exec): the lag to price (None: ``_choice_lag``'s)."""
+        self.lag = self._choice_lag(view, to_exec)[0] if lag is None else lag
         mean, _ = self._posterior()
         rate = np.minimum(mean, MAX_RATE)[None, :]  # (1, m)
         mult = None if self.prices is None else self.prices.medians()  # (1, m) or None
@@ -345,7 +386,7 @@ class DrafterChoice:
 
     def _migration_target(self, view: StepView, cost: StepCostModel, tokens: np.ndarray, inv: np.ndarray,
                           mult: np.ndarray | None, allowed: np.ndarray, whole: int) -> int:
-        """The draft model new requests prefill instead of the favourite, while the batch stays on the
+        """The draft model new requests count in sync with instead of the favourite, while the batch stays on the
         favourite (``whole``) only for its catch-up: the one a request in sync with every model would
         draft fastest on at the posterior means (``tokens`` (1, m, K+1) and ``inv``, ``_priced``; ``mult``
         (1, m), the prices' medians), by ``MIGRATE_MARGIN`` (by any margin once it is the target). -1: none."""
@@ -365,14 +406,14 @@ class DrafterChoice:
         migration target), where they and the rest differ in what moving the batch would cost
         (``catch``, the whole batch's catch-up; None: no split needed, as when the batch's own choice
         is the anchor; module doc). None while nobody lags there, or nobody is in sync: priced as if
-        in sync, a lone new request would be prefilled on a model whose passes it cannot pay for
+        in sync, a lone new request would be put on a model whose passes it cannot pay for
         beside a batch on n-gram (docs/decisions.md, 2026-11-29 (stop 59))."""
         if catch is None or anchor < 0 or not self.is_model[anchor]:
             return None
         e = int(to_exec[anchor]) if to_exec.size else anchor  # the anchor's executor index
-        if not 0 <= e < view.draft_lag.shape[1]:
+        if not 0 <= e < self.lag.shape[1]:
             return None
-        rows = view.draft_lag[:, e] == 0  # (n,) bool
+        rows = self.lag[:, e] == 0  # (n,) bool
         return rows if rows.any() and not rows.all() else None
 
     def state(self) -> dict:
@@ -380,9 +421,9 @@ class DrafterChoice:
         the chain rate's posterior mean and sd, its drafting request-steps, the draft price multiplier
         exploration draws around (median), the goodput the last exploiting decision modelled (tokens
         per ms per request, null before one), the exploration chance, plus the favourite, the draft model
-        new requests prefill instead (``target``, else null), the stage and, where the last full decision
-        priced the requests in sync with the favourite or the target apart, how many there were and the
-        drafter likeliest for them (``in_sync``, else null), and whether the executor scores every
+        new requests count in sync with instead (``target``, else null), whether they do (``new_in_sync``),
+        the stage and, where the last full decision priced the requests in sync with the favourite or the
+        target apart, how many there were and the drafter likeliest for them (``in_sync``, else null), and whether the executor scores every
         lookup (``lookups_scored``: n-gram is then learned without drafting, and not explored)."""
         mean, sd = self._posterior()
         steps = self.evidence.counts[2].sum(axis=1)  # (m,) drafting request-steps (decayed)
@@ -402,7 +443,7 @@ class DrafterChoice:
         in_sync = None if rows is None else {"requests": int(rows.sum()),
                                              "drafter": self.ctx.drafters[pick] if pick >= 0 else None}
         target = self.ctx.drafters[self.target] if self.target >= 0 else None
-        return {"drafters": per, "favourite": fav, "target": target, "prefills": self.prefills, "stage": stage,
+        return {"drafters": per, "favourite": fav, "target": target, "new_in_sync": self.new_in_sync, "stage": stage,
                 "in_sync": in_sync, "lookups_scored": self.lookups_scored,
                 "epoch": None if b is None else b.epoch,
                 "exploit": self.ctx.drafters[self.exploit] if 0 <= self.exploit < len(self.ctx.drafters) else None}
@@ -484,8 +525,9 @@ class DrafterChoice:
         """(m,) per drafter, the draft-model time per step of bringing this batch's requests (those in
         ``rows`` (n,) bool; None: all) in sync with it, spread over the steps an explored request stays
         there (a chunk, or what is left of the request). Posterior draws ignore that price otherwise
-        (docs/decisions.md, 2026-11-22). None: nothing to catch up."""
-        lag = view.draft_lag if rows is None else view.draft_lag[rows]  # (n or rows, m_exec)
+        (docs/decisions.md, 2026-11-22). The lag is the one the assignment prices (``_choice_lag``).
+        None: nothing to catch up."""
+        lag = self.lag if rows is None else self.lag[rows]  # (n or rows, m_exec)
         if not lag.any() or self.bandit is None:
             return None
         left = view.remaining if rows is None else view.remaining[rows]
@@ -537,9 +579,9 @@ class DrafterChoice:
         return self.is_model & np.array([p.trials[0] < PROBE_TRIALS for p in self.pos])
 
     def note_favourite(self, sp: StepPlan) -> None:
-        """Remember the draft model that drafted for most requests this step (new requests prefill
-        its state; docs/decisions.md, 2026-11-22), and whether enough of the batch is expected to
-        draft on a draft model for new requests to prefill it at all (``PREFILL_SHARE``)."""
+        """Remember the draft model that drafted for most requests this step (new requests count in
+        sync with it; docs/decisions.md, 2026-11-22), and whether enough of the batch is expected to
+        draft on a draft model for new requests to count in sync with it at all (``SYNC_SHARE``)."""
         d_ctx, k = sp.d_ctx, sp.choice.k
         b = self.bandit
         if sp.uniform:  # the most used is the only one: no counts
@@ -554,13 +596,13 @@ class DrafterChoice:
             if used.any():
                 self.fav = int(np.argmax(used))
             modelled = float(used.sum())
-        if not self._may_prefill:
+        if not self._may_sync_new:
             return
         if b.exploring and b.explore_p is not None:
-            p = self.sync_p if self.sync_p is not None else b.explore_p  # a new request prefilled is in sync
-            self.prefills = self.target >= 0 or bool(self.fav >= 0 and p[self.fav] >= PREFILL_SHARE)
+            p = self.sync_p if self.sync_p is not None else b.explore_p  # a new request is priced in sync
+            self.new_in_sync = self.target >= 0 or bool(self.fav >= 0 and p[self.fav] >= SYNC_SHARE)
         else:
-            self.prefills = self.target >= 0 or modelled >= PREFILL_SHARE * max(sp.n, 1) or (  # or a request in
+            self.new_in_sync = self.target >= 0 or modelled >= SYNC_SHARE * max(sp.n, 1) or (  # or a request in
                 self.sync_rows is not None and 0 <= self.fav == self.exploit_sync)  # sync would draft there
 
     def _profile_values(self, ctx: PolicyContext) -> np.ndarray:

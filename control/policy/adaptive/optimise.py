@@ -26,7 +26,11 @@ until it drafts deep to repay the charge. So a lagging request the charged optim
 is decided once more with its catch-up as if paid, where its remaining life can repay it (its
 share per step left b_d lag_r (1 + P_r(cap_r)) / remaining_r <= P_r(cap_r) / G, G the step's goodput):
 it drafts when it would in sync. While the bandit explores, a request may sit on a drafter for one
-chunk only, and the charge decides alone.
+chunk only, and the charge decides alone, but for new requests on the draft model the drafter choice
+priced them in sync with (``StepPlan.sunk``): their catch-up stands for the prefill that would have
+put them in sync, so where their remaining life repays it (the same test, at the last step's goodput)
+they are decided with no charge, as prefilled requests are, exploring or not, and the step's
+predicted time adds the catch-up of those that draft.
 
 n-gram lookups (``StepPlan.lookup_curves``, the view's ``ngram_avail`` a_r): a request on a draft model
 that the optimiser gives no tokens (its passes do not pay for it) still drafts by lookup when that
@@ -80,10 +84,16 @@ class Optimiser:
         plan.pace, plan.known = pace, (True if n > 1 and known.all() else known)
         w = plan.weights = residence_weights(view, cost, pace, plan.known)
         lag = amortised_lag(plan.lag, plan.surv, plan.csum, plan.cap, view.remaining, self.rows(n)) if plan.lagged else None
-        choice = optimizer_call(cost, view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, lag, self.g, k0,
+        sunk = self._prefilled(plan, cost, lag, k0) if lag is not None and plan.sunk is not None else None
+        charged = lag if sunk is None else np.where(sunk, 0.0, lag)
+        choice = optimizer_call(cost, view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, charged, self.g, k0,
                                 plan.csum, w)
-        if stays and lag is not None:
-            choice = self._sunk_catch_up(plan, cost, choice, lag, k0)
+        if sunk is not None:  # their catch-up runs in this step all the same
+            b = cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)]  # (n,)
+            paid = float((b * lag)[sunk & (choice.k > 0)].sum())
+            choice = Choice(choice.k, choice.tokens, choice.step_ms + paid, choice.plain_ms, choice.next_cost)
+        if lag is not None and stays:
+            choice = self._sunk_catch_up(plan, cost, choice, charged, k0)
         if plan.lookup_curves is not None:
             choice = self._lookup_fallback(plan, cost, choice, lag, k0)
             self._hold_lookup(plan, choice)
@@ -92,6 +102,20 @@ class Optimiser:
         if w is not None:  # report the prediction in plain tokens
             choice = Choice(choice.k, float(n + plan.accepted.sum()), choice.step_ms, choice.plain_ms, choice.next_cost)
         plan.choice = choice
+
+    def _prefilled(self, plan: StepPlan, cost: StepCostModel, lag: np.ndarray, k0: np.ndarray | None) -> np.ndarray | None:
+        """(n,) bool: the new requests priced in sync with their draft model (``plan.sunk``) whose catch-up
+        their remaining life repays at the last step's goodput (the test of ``_sunk_catch_up``; at the
+        first decision, this step's with every catch-up charged), decided with no charge, as if
+        prefilled (module doc); None: none."""
+        g = self.g
+        if g is None:
+            g = optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, lag, None, k0,
+                               plan.csum, plan.weights).goodput
+        gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[self.rows(plan.n), plan.cap]  # (n,)
+        b = cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)]  # (n,) ms per token caught up
+        out = plan.sunk & (b * lag * g <= gain)
+        return out if out.any() else None
 
     def _sunk_catch_up(self, plan: StepPlan, cost: StepCostModel, choice: Choice, lag: np.ndarray,
                        k0: np.ndarray | None) -> Choice:

@@ -303,21 +303,19 @@ class AdaptivePolicy(BasePolicy):
         return int(self._to_exec[fav])
 
     def wants_draft_prefill(self, view: StepView) -> bool:
-        """With one drafter, not for short prompts: a request's draft state is built by catch-up in
-        the first draft pass that runs for it, which the optimiser prices; a separate prefill pass
-        costs a whole pass per prefill step and is wasted on requests that never draft (past the
-        crossover). Among several drafters, while most of the batch is expected to draft on a draft
-        model (``DrafterChoice.prefills``): new requests then prefill the favourite's state, so
-        exploring it charges them no catch-up of their prompt that another drafter is spared.
-        Either way, while the gate is on, long prompts prefill it: those of this iteration when
+        """Not for short prompts: a request's draft state is built by catch-up in the first draft
+        pass that runs for it, which the optimiser prices; a separate prefill pass costs a whole pass
+        per prefill step and is wasted on requests that never draft (past the crossover) or draft on
+        another drafter. (Among several drafters, new requests are priced as if prefilled on the
+        favourite draft model while most of the batch is expected to draft there,
+        ``DrafterChoice.new_in_sync``, so exploring it charges them no catch-up of their prompt that
+        n-gram is spared.) While the gate is on, long prompts prefill it: those of this iteration when
         together they are over the catch-up limit, or any while most of the batch's contexts are
         (a long-context phase; an executor that prefills in iterations of their own decides this a
         step ahead, before it knows the prompts). A catch-up over the limit would not run, and a
         pass's fixed cost is little beside theirs."""
         if self.ctx.force_off or self.ctx.max_k <= 0:
             return False
-        if self.choice.prefills:
-            return True
         if not self.gate_stage.gate.on:  # before the batch's contexts are looked at (every step)
             return False
         limit = self.ctx.gate.max_catchup_tokens

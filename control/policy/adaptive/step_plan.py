@@ -31,6 +31,8 @@ class StepPlan:
     lookup_exec: int = -1  # the same drafter, executor index
     lookup_curves: np.ndarray | None = None  # (K+1, K): its survival by proposal length a = 0..K
     lagged: bool = False  # some request must catch up before drafting
+    sunk: np.ndarray | None = None  # (n,) bool: new requests priced in sync with their draft model, whose
+    # catch-up there stands for a prefill (``DrafterChoice._choice_lag``; None: none)
     # survival
     surv: np.ndarray | None = None  # (n, K): P(draft position j of request r is accepted)
     csum: np.ndarray | None = None  # (n, K+1): expected accepted draft tokens at k = 0..K (None at n = 1)
