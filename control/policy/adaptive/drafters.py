@@ -159,6 +159,8 @@ class DrafterChoice:
         self._default_col = np.full(64, ctx.default, dtype=I64)  # the default drafter per request (read-only use)
         self._allowed_key: np.ndarray | None = None  # ``_allowed``'s and ``_per_token_b``'s caches
         self._allowed_arr = np.ones(m, dtype=bool)
+        self._models_key: np.ndarray | None = None  # ``_model_cols``' cache
+        self._models_arr = np.zeros(0, dtype=I64)
         self._b_key: StepCostModel | None = None
         self._b_arr = np.zeros(m)
         self._zero_k = np.zeros(64, dtype=I64)  # ``_zeros``' buffer
@@ -243,14 +245,12 @@ class DrafterChoice:
         e = int(to_exec[f]) if f >= 0 and to_exec.size else f
         if e < 0 or e >= lag.shape[1]:
             return lag, None, -1
-        col = lag[:, e]  # (n,)
-        fresh = (col > 0) & (col >= view.ctx_lens)  # (n,) bool: nothing of it on the draft model
+        fresh = lag[:, e] >= view.ctx_lens  # (n,) bool: nothing of it on the draft model (a context is >= 1)
         if not fresh.any():
             return lag, None, -1
-        models = to_exec[self.is_model & (to_exec >= 0)] if to_exec.size else np.flatnonzero(self.is_model)
-        models = models[models < lag.shape[1]]
+        models = self._model_cols(to_exec, lag.shape[1])  # (models,) executor indices
         if models.size > 1:  # nor on any other model (in sync there since it arrived)
-            fresh &= (lag[:, models] >= view.ctx_lens[:, None]).all(axis=1)
+            fresh &= lag[:, models].min(axis=1) >= view.ctx_lens
             if not fresh.any():
                 return lag, None, -1
         lag = lag.copy()
@@ -284,6 +284,13 @@ class DrafterChoice:
         if self._allowed_key is not to_exec:
             self._allowed_key, self._allowed_arr = to_exec, to_exec >= 0
         return self._allowed_arr
+
+    def _model_cols(self, to_exec: np.ndarray, m_exec: int) -> np.ndarray:
+        """(models,) the executor indices of the draft models it runs (the same array while the map is)."""
+        if self._models_key is not to_exec:
+            cols = to_exec[self.is_model & (to_exec >= 0)] if to_exec.size else np.flatnonzero(self.is_model)
+            self._models_key, self._models_arr = to_exec, cols[cols < m_exec]
+        return self._models_arr
 
     def _per_token_b(self, cost: StepCostModel) -> np.ndarray:
         """(m,) each drafter's draft-model ms per context token caught up (0: no model), per cost model."""
