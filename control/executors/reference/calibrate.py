@@ -32,7 +32,7 @@ GRID = ((1, 32, 1), (1, 256, 1), (1, 128, 5), (4, 64, 1), (4, 256, 3), (8, 128, 
         (16, 64, 3))
 # (batch, context, draft length) of the draft models' timed draft steps
 DRAFT_GRID = ((1, 32, 1), (1, 256, 4), (4, 64, 2), (4, 256, 4), (8, 128, 1), (8, 32, 4), (16, 128, 2), (16, 64, 4))
-CLEAR_R2 = 0.9  # a target fit below this is timed again
+CLEAR_R2 = 0.9  # a fit below this is timed again (the target's and each draft model's)
 MAX_ROUNDS = 4
 
 
@@ -117,6 +117,19 @@ def _fit_target(model: LlamaForCausalLM, repeats: int) -> tuple[LinearCost, tupl
     return fit, (n_ctx, n_tok, t_ms), rounds
 
 
+def _fit_draft(name: str, model: LlamaForCausalLM, repeats: int) -> tuple[LinearCost, tuple[list, list, list, list], int]:
+    """A draft model's fit, timed again (fastest per shape over all rounds) until it is clear, as the
+    target's: on a busy host one round's noise can leave a fit with no per-token cost at all."""
+    n_ctx, n_tok, passes, t_ms = _time_draft_steps(name, model, repeats)
+    fit = fit_linear_cost(n_ctx, n_tok, t_ms, passes=passes)
+    rounds = 1
+    while fit.r2 < CLEAR_R2 and rounds < MAX_ROUNDS:
+        t_ms = np.minimum(t_ms, _time_draft_steps(name, model, repeats)[3]).tolist()
+        fit = fit_linear_cost(n_ctx, n_tok, t_ms, passes=passes)
+        rounds += 1
+    return fit, (n_ctx, n_tok, passes, t_ms), rounds
+
+
 def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -> Profile:
     """Measure and fit a small profile for ``loaded`` (target, each draft model, n-gram lookup)."""
     fit, (n_ctx, n_tok, t_ms), rounds = _fit_target(loaded.target, repeats)
@@ -125,9 +138,10 @@ def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -
     for name, model in loaded.drafters.items():
         if not isinstance(model, LlamaForCausalLM):
             continue
-        n_ctx, n_tok, passes, t_ms = _time_draft_steps(name, model, repeats)
-        models[name] = CostCoeffs.from_cost(fit_linear_cost(n_ctx, n_tok, t_ms, passes=passes)).model_dump()
-        grid[name] = {"n_ctx": n_ctx, "n_batched": n_tok, "passes": passes, "t_ms": [round(x, 4) for x in t_ms]}
+        d_fit, (n_ctx, n_tok, passes, t_ms), d_rounds = _fit_draft(name, model, repeats)
+        models[name] = CostCoeffs.from_cost(d_fit).model_dump()
+        grid[name] = {"n_ctx": n_ctx, "n_batched": n_tok, "passes": passes, "t_ms": [round(x, 4) for x in t_ms],
+                      "rounds": d_rounds}
     ctx = np.random.default_rng(0).integers(0, loaded.target.config.vocab_size, 512)
     t0 = time.perf_counter()
     for _ in range(20):
