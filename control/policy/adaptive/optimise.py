@@ -89,8 +89,7 @@ class Optimiser:
         choice = optimizer_call(cost, view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, charged, self.g, k0,
                                 plan.csum, w)
         if sunk is not None:  # their catch-up runs in this step all the same
-            b = cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)]  # (n,)
-            paid = float((b * lag)[sunk & (choice.k > 0)].sum())
+            paid = float(self._share_ms(plan, cost, lag)[sunk & (choice.k > 0)].sum())
             choice = Choice(choice.k, choice.tokens, choice.step_ms + paid, choice.plain_ms, choice.next_cost)
         if lag is not None and stays:
             choice = self._sunk_catch_up(plan, cost, choice, charged, k0)
@@ -112,10 +111,18 @@ class Optimiser:
         if g is None:
             g = optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx, lag, None, k0,
                                plan.csum, plan.weights).goodput
-        gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[self.rows(plan.n), plan.cap]  # (n,)
-        b = cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)]  # (n,) ms per token caught up
-        out = plan.sunk & (b * lag * g <= gain)
+        out = plan.sunk & self._repaid(plan, self._share_ms(plan, cost, lag), g)
         return out if out.any() else None
+
+    def _share_ms(self, plan: StepPlan, cost: StepCostModel, lag: np.ndarray) -> np.ndarray:
+        """(n,) the catch-up charged to this step (``lag``, amortised tokens) in ms of each request's draft."""
+        return cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)] * lag
+
+    def _repaid(self, plan: StepPlan, share_ms: np.ndarray, g: float) -> np.ndarray:
+        """(n,) bool: a catch-up that its remaining life repays: its share per step left (``share_ms``)
+        against what the tokens drafting at its cap adds per step are worth at the goodput g (gain / g ms)."""
+        gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[self.rows(plan.n), plan.cap]  # (n,)
+        return share_ms * g <= gain
 
     def _sunk_catch_up(self, plan: StepPlan, cost: StepCostModel, choice: Choice, lag: np.ndarray,
                        k0: np.ndarray | None) -> Choice:
@@ -124,17 +131,14 @@ class Optimiser:
         waits = (choice.k == 0) & (plan.lag > 0) & (plan.cap > 0)  # (n,) bool
         if not waits.any():
             return choice
-        # only a catch-up that its remaining life can repay: its share per step left (``lag``, in ms) against
-        # what the tokens drafting at its cap adds per step are worth at the step's goodput (gain / G ms)
-        gain = (plan.csum if plan.csum is not None else prefix_sums(plan.surv))[self.rows(plan.n), plan.cap]  # (n,)
-        b = cost.catch_up_ms_per_token()[np.maximum(plan.d_ctx, 0)]  # (n,) ms per token caught up
-        waits &= b * lag * choice.goodput <= gain
+        share = self._share_ms(plan, cost, lag)  # (n,) ms
+        waits &= self._repaid(plan, share, choice.goodput)
         if not waits.any():
             return choice
         alt = optimizer_call(cost, plan.view.ctx_lens, plan.surv, plan.cap, plan.cons, plan.d_ctx,
                              np.where(waits, 0.0, lag), self.g, k0, plan.csum, plan.weights)
         caught = waits & (alt.k > 0)  # (n,) bool: their share of the catch-up is in the step after all
-        return Choice(alt.k, alt.tokens, alt.step_ms + float((b * lag)[caught].sum()), alt.plain_ms, alt.next_cost)
+        return Choice(alt.k, alt.tokens, alt.step_ms + float(share[caught].sum()), alt.plain_ms, alt.next_cost)
 
     def _lookup_fallback(self, plan: StepPlan, cost: StepCostModel, choice: Choice, lag: np.ndarray | None,
                          k0: np.ndarray | None) -> Choice:
