@@ -285,12 +285,18 @@ def _delta(after: dict, before: dict) -> dict[str, Any]:
 
 def run_once(ep: Endpoints, reqs: Requests, *, policy: str, load: float, rate: float, seed: int = 0,
              slo: SLOTargets | None = None, timeout_s: float = 600.0,
-             on_done: Callable[[int], None] | None = None) -> dict:
-    """Send ``reqs`` at ``rate`` req/s (arrival pattern scaled); one ``specctl.bench/v1`` row."""
+             on_done: Callable[[int], None] | None = None, loop: asyncio.AbstractEventLoop | None = None) -> dict:
+    """Send ``reqs`` at ``rate`` req/s (arrival pattern scaled); one ``specctl.bench/v1`` row.
+
+    ``loop``: the event loop to run on, one for all the runs of a session (None: a loop of its own).
+    grpc.aio's completion queue is one per process and hands a closed channel's late events to the
+    loop the channel was made on; a session that closes a loop per run gets them on a closed loop,
+    each an 'Event loop is closed' traceback on stderr."""
     arrivals = reqs.unit_arrivals / rate if math.isfinite(rate) and rate > 0 else np.zeros(reqs.n)
     before = fleet_stats(ep)
     pool: dict[str, int] = {}
-    results, sent = asyncio.run(_run_async(ep, reqs, arrivals, timeout_s, on_done, pool))
+    work = _run_async(ep, reqs, arrivals, timeout_s, on_done, pool)
+    results, sent = asyncio.run(work) if loop is None else loop.run_until_complete(work)
     after = fleet_stats(ep)
     d = _delta(after, before)
     arrival = np.where(np.isfinite(sent), np.minimum(sent, arrivals), arrivals)  # a late send counts from its schedule
@@ -333,10 +339,13 @@ def policy_shares(d: dict) -> dict[str, float]:
 
 
 def measure_capacity(ep: Endpoints, reqs: Requests, timeout_s: float = 600.0,
-                     on_done: Callable[[int], None] | None = None) -> tuple[float, dict]:
-    """Completion rate (req/s) with every request sent at once under the current policy."""
+                     on_done: Callable[[int], None] | None = None,
+                     loop: asyncio.AbstractEventLoop | None = None) -> tuple[float, dict]:
+    """Completion rate (req/s) with every request sent at once under the current policy (``loop``: as
+    ``run_once``'s)."""
     t0 = time.perf_counter()
-    row = run_once(ep, reqs, policy="capacity", load=0.0, rate=float("inf"), timeout_s=timeout_s, on_done=on_done)
+    row = run_once(ep, reqs, policy="capacity", load=0.0, rate=float("inf"), timeout_s=timeout_s, on_done=on_done,
+                   loop=loop)
     wall = time.perf_counter() - t0
     done = row["extra"]["completed"]
     if done == 0:

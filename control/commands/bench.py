@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], dict]:
     """Capacity, then every load x policy (x repeats), interleaved (``run_order``); rows and meta."""
+    import asyncio
     import time
 
     from rich.console import Console
@@ -148,6 +149,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
     if args.drafters:
         meta["drafters"] = ",".join(args.drafters)
     runs = len(args.loads) * len(args.policies) * args.repeats
+    loop = asyncio.new_event_loop()  # one for every run (``run_once``)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as prog:
         try:
@@ -156,7 +158,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 switch_policy(ep, "none")
                 creqs = requests(args.capacity_requests, args.seed + 1) if args.capacity_requests else reqs
                 task = prog.add_task("capacity (policy none, all at once)", total=creqs.n)
-                capacity, _ = measure_capacity(ep, creqs, on_done=lambda d: prog.update(task, completed=d))
+                capacity, _ = measure_capacity(ep, creqs, on_done=lambda d: prog.update(task, completed=d), loop=loop)
             meta["capacity_req_s"] = round(capacity, 4)
             if getattr(args, "qps", None):
                 args.loads = qps_loads(args.qps, capacity, max_load=4.0)
@@ -171,7 +173,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                     switch_policy(ep, pol, drafters=args.drafters)
                     task = prog.add_task(f"warm-up {pol}", total=wreqs.n)
                     run_once(ep, wreqs, policy=pol, load=0.5, rate=0.5 * capacity, seed=args.seed + 1000, slo=slo,
-                             on_done=lambda d, t=task: prog.update(t, completed=d))
+                             on_done=lambda d, t=task: prog.update(t, completed=d), loop=loop)
                     prog.remove_task(task)
             overall = prog.add_task("runs", total=runs)
             for rep, load, pol in run_order(args.loads, args.policies, args.repeats):
@@ -179,7 +181,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                 time.sleep(0.2)
                 task = prog.add_task(f"load {load:g} {pol}", total=reqs.n)
                 row = run_once(ep, reqs, policy=pol, load=load, rate=load * capacity, seed=args.seed + rep,
-                               slo=slo, on_done=lambda d, t=task: prog.update(t, completed=d))
+                               slo=slo, on_done=lambda d, t=task: prog.update(t, completed=d), loop=loop)
                 prog.remove_task(task)
                 prog.advance(overall)
                 rows.append(row)
@@ -189,6 +191,7 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
                               f"{_drafter_note(row['extra'])}{_policy_note(row['extra'])}")
         finally:
             clear_overrides(ep)
+            loop.close()
     return rows, meta
 
 
