@@ -106,10 +106,15 @@ def main(argv=None) -> int:
         cfg = DeploymentConfig(engine_dir=Path(args.engine_dir), run_dir=Path(run), http_port=0, grpc_port=0,
                                metrics_port=0, control_port=0, max_batch=args.max_batch,
                                max_tokens=max(args.max_tokens, 1024))
+        loop = asyncio.new_event_loop()  # one for every count (as ``control.bench.live.run_once``'s)
         with Deployment(cfg) as dep:
-            for n in counts:
-                rows.append(asyncio.run(hold(dep.grpc_url, dep.http_url, n, args.max_tokens, args.window_s, print)))
-                drain(dep.http_url)
+            try:
+                for n in counts:
+                    rows.append(loop.run_until_complete(hold(dep.grpc_url, dep.http_url, n, args.max_tokens,
+                                                             args.window_s, print)))
+                    drain(dep.http_url)
+            finally:
+                loop.close()
     print(f"model code from {ROOT.name}; max_batch {args.max_batch}, window {args.window_s:g} s")
     print(f"{'in flight':>9s} {'active':>7s} {'steps':>6s} {'step ms':>8s} {'host ms/step':>13s} {'policy ms':>10s} "
           f"{'deliver ms':>11s}")
