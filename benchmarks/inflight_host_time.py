@@ -121,6 +121,12 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['inflight']:9d} {r['active_requests']:7d} {r['steps']:6d} {r['step_ms']:8.2f} "
               f"{r['host_ms_per_step']:13.2f} {r['policy_ms_per_step']:10.2f} {r['deliver_ms_per_step']:11.2f}")
+    for r in rows:
+        if r["completed_in_window"]:
+            print(f"warning: at {r['inflight']} in flight {r['completed_in_window']} requests reached --max-tokens "
+                  f"({args.max_tokens}) inside the window, so it ran with fewer in flight (active "
+                  f"{r['active_requests']} at one end): shorten --window-s, or raise --max-tokens where the "
+                  "pair's context allows", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=2))
     return 0
