@@ -49,13 +49,17 @@ def test_32_concurrent_streams_all_complete_correctly(deployment, reference):
         finally:
             await client.close()
 
+    before = model_stats(deployment.http_url)
     results = asyncio.run(asyncio.wait_for(run(), 120))
+    after = model_stats(deployment.http_url)
     assert [r.error for r in results] == [None] * 32
     assert [r.token_ids for r in results] == want
-    # They were batched together: the server ran them concurrently, not one after another.
-    first_done = min(r.latency_s for r in results)
-    last_start = max(r.ttft_s for r in results)
-    assert last_start < first_done
+    # They were batched together, not run one after another: the run's decode steps held many of them
+    # each (one at a time gives 1). Timing says the same only on a quiet host: under load the last
+    # prompts can be prefilled after the first short answers end.
+    steps = after["decode_steps"] - before["decode_steps"]
+    request_steps = sum(after["k_hist"]) - sum(before["k_hist"])
+    assert steps > 0 and request_steps / steps >= 8, (request_steps, steps)
 
 
 def test_cancel_mid_stream_frees_the_kv_slot(deployment):

@@ -99,7 +99,12 @@ def test_8_concurrent_streams_complete(llmapi, reference_greedy):
     results = asyncio.run(asyncio.wait_for(run(), 120))
     assert [r.error for r in results] == [None] * 8
     assert [r.token_ids for r in results] == want
-    assert max(r.ttft_s for r in results) < min(r.latency_s for r in results)  # they ran concurrently
+    # They ran concurrently: at some first token, at least half of them were streaming (one model serving
+    # its four one after another gives at most two at once). Every first token before every last one
+    # says the same only on a quiet host.
+    spans = [(r.ttft_s, r.latency_s) for r in results]
+    streaming = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+    assert streaming >= 4, spans
 
 
 def test_cancel_mid_stream_aborts_the_request_in_the_executor(llmapi):
