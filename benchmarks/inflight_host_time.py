@@ -106,8 +106,8 @@ def main(argv=None) -> int:
         cfg = DeploymentConfig(engine_dir=Path(args.engine_dir), run_dir=Path(run), http_port=0, grpc_port=0,
                                metrics_port=0, control_port=0, max_batch=args.max_batch,
                                max_tokens=max(args.max_tokens, 1024))
-        loop = asyncio.new_event_loop()  # one for every count (as ``control.bench.live.run_once``'s)
         with Deployment(cfg) as dep:
+            loop = asyncio.new_event_loop()  # one for every count (as ``control.bench.live.run_once``'s)
             try:
                 for n in counts:
                     rows.append(loop.run_until_complete(hold(dep.grpc_url, dep.http_url, n, args.max_tokens,

@@ -4,8 +4,8 @@
 name, or same SKU covering every drafter). ``quick_profile`` times a handful of packed forwards of
 the target and draft steps of each draft model through the engine's drafting code (1-3 s for the
 full CPU pair shapes), fits T = a*N_ctx + b*N_batched + c per pass (+ d per request for the target)
-and returns a ``source: measured`` profile. Each shape keeps the fastest of its repeats, since load from other processes only ever adds time; while the target's
-fit stays unclear (R^2 below ``CLEAR_R2``) it times the grid again and keeps each shape's fastest
+and returns a ``source: measured`` profile. Each shape keeps the fastest of its repeats, since load from other processes only ever adds time; while a model's
+fit (the target's or a draft model's) stays unclear (R^2 below ``CLEAR_R2``) it times the grid again and keeps each shape's fastest
 over all rounds, up to ``MAX_ROUNDS``. It is deliberately small: ``specctl profile`` (the profiler)
 sweeps properly and should replace it wherever it is available.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -104,41 +105,35 @@ def _time_draft_steps(name: str, model: LlamaForCausalLM, repeats: int) -> tuple
     return n_ctx, n_tok, passes, t_ms
 
 
-def _fit_target(model: LlamaForCausalLM, repeats: int) -> tuple[LinearCost, tuple[list, list, list], int]:
-    """The target's fit, timed again (fastest per shape over all rounds) until it is clear."""
-    n_ctx, n_tok, n_req, t_ms = _time_model(model, repeats)
-    # the target's passes vary tokens per request, so its per-request cost can be fitted (cost.py)
-    fit = fit_target_cost(n_ctx, n_tok, t_ms, n_req)
+def _fit_until_clear(time_shapes: Callable[[], tuple[list, ...]],
+                     fit: Callable[[tuple[list, ...]], LinearCost]) -> tuple[LinearCost, tuple[list, ...], int]:
+    """(fit, timings, rounds): ``fit`` of ``time_shapes()``'s timings (their last list is the ms per
+    shape), the shapes timed again (fastest per shape over all rounds) while the fit is not clear
+    (r2 < ``CLEAR_R2``), up to ``MAX_ROUNDS``: on a busy host one round's noise can leave a fit with
+    no per-token cost at all. The target and each draft model are fitted so."""
+    timed = time_shapes()
+    cost = fit(timed)
     rounds = 1
-    while fit.r2 < CLEAR_R2 and rounds < MAX_ROUNDS:
-        t_ms = np.minimum(t_ms, _time_model(model, repeats)[3]).tolist()
-        fit = fit_target_cost(n_ctx, n_tok, t_ms, n_req)
+    while cost.r2 < CLEAR_R2 and rounds < MAX_ROUNDS:
+        timed = (*timed[:-1], np.minimum(timed[-1], time_shapes()[-1]).tolist())
+        cost = fit(timed)
         rounds += 1
-    return fit, (n_ctx, n_tok, t_ms), rounds
-
-
-def _fit_draft(name: str, model: LlamaForCausalLM, repeats: int) -> tuple[LinearCost, tuple[list, list, list, list], int]:
-    """A draft model's fit, timed again (fastest per shape over all rounds) until it is clear, as the
-    target's: on a busy host one round's noise can leave a fit with no per-token cost at all."""
-    n_ctx, n_tok, passes, t_ms = _time_draft_steps(name, model, repeats)
-    fit = fit_linear_cost(n_ctx, n_tok, t_ms, passes=passes)
-    rounds = 1
-    while fit.r2 < CLEAR_R2 and rounds < MAX_ROUNDS:
-        t_ms = np.minimum(t_ms, _time_draft_steps(name, model, repeats)[3]).tolist()
-        fit = fit_linear_cost(n_ctx, n_tok, t_ms, passes=passes)
-        rounds += 1
-    return fit, (n_ctx, n_tok, passes, t_ms), rounds
+    return cost, timed, rounds
 
 
 def quick_profile(loaded: LoadedEngine, repeats: int = 2, max_batch: int = 32) -> Profile:
     """Measure and fit a small profile for ``loaded`` (target, each draft model, n-gram lookup)."""
-    fit, (n_ctx, n_tok, t_ms), rounds = _fit_target(loaded.target, repeats)
+    # the target's passes vary tokens per request, so its per-request cost can be fitted (cost.py)
+    fit, (n_ctx, n_tok, _, t_ms), rounds = _fit_until_clear(lambda: _time_model(loaded.target, repeats),
+                                                            lambda t: fit_target_cost(t[0], t[1], t[3], t[2]))
     models = {"target": CostCoeffs.from_cost(fit).model_dump()}
     grid = {"target": {"n_ctx": n_ctx, "n_batched": n_tok, "t_ms": [round(x, 4) for x in t_ms], "rounds": rounds}}
     for name, model in loaded.drafters.items():
         if not isinstance(model, LlamaForCausalLM):
             continue
-        d_fit, (n_ctx, n_tok, passes, t_ms), d_rounds = _fit_draft(name, model, repeats)
+        d_fit, (n_ctx, n_tok, passes, t_ms), d_rounds = _fit_until_clear(
+            lambda m=model, nm=name: _time_draft_steps(nm, m, repeats),
+            lambda t: fit_linear_cost(t[0], t[1], t[3], passes=t[2]))
         models[name] = CostCoeffs.from_cost(d_fit).model_dump()
         grid[name] = {"n_ctx": n_ctx, "n_batched": n_tok, "passes": passes, "t_ms": [round(x, 4) for x in t_ms],
                       "rounds": d_rounds}
