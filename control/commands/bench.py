@@ -149,9 +149,9 @@ def run_bench(ep, args: argparse.Namespace, console=None) -> tuple[list[dict], d
     if args.drafters:
         meta["drafters"] = ",".join(args.drafters)
     runs = len(args.loads) * len(args.policies) * args.repeats
-    loop = asyncio.new_event_loop()  # one for every run (``run_once``)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as prog:
+        loop = asyncio.new_event_loop()  # one for every run (``run_once``)
         try:
             capacity = args.capacity
             if capacity is None:
