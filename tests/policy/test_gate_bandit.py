@@ -1,6 +1,7 @@
 """The on/off gate and the drafter bandit."""
 
 import numpy as np
+import pytest
 from scipy.optimize import linear_sum_assignment
 
 from control.policy.bandit import DrafterBandit
@@ -698,3 +699,25 @@ def test_adaptive_prices_new_requests_as_if_prefilled_on_the_favourite(monkeypat
     assert p_draft(view(290)) < in_sync - 0.1  # drafted there once: its lag is real
     ch.new_in_sync = False
     assert p_draft(view(300)) < in_sync - 0.1
+
+
+
+def test_drafter_state_writes_nothing_the_decisions_read():
+    """The stats thread reads ``drafter_state`` while the engine thread decides, so the read must write no
+    state the decisions read, the posteriors' caches included: a cache written from the stats thread once
+    met the engine thread half-built (``AttributeError`` in decide) and could leave a stale posterior."""
+    import pickle
+
+    from control.plan import compile_plan
+    from control.policy import build_policy
+
+    pol = build_policy("adaptive", compile_plan(_two_draft_models_profile(2.0, 0.2), max_k=6, default_drafter="small"))
+    for fresh in (True, False):  # before any posterior, and with evidence newer than the cached ones
+        before = pickle.dumps(pol.choice)
+        state = pol.drafter_state()
+        assert pickle.dumps(pol.choice) == before
+        assert state["drafters"]["small"]["chain_rate"] == (0.7 if fresh else pytest.approx(0.89, abs=0.02))
+        pol.choice.explore_probs(_two_models_view(4, 200, np.zeros(4), np.zeros(4)), np.array([True, True]),
+                                 pol._to_exec, pol.cost)
+        measure(pol.choice, 0, lambda p: 0.9, requests=40, steps=10)
+        pol.choice.prices.observe(0, 3.0, 2.0)

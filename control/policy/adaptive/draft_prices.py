@@ -53,19 +53,23 @@ class DraftPrices:
             self.n[i] += 1.0
             self._post = None
 
-    def posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        """(m,) mean and (m,) sd of each drafter's log price error (sd 0 for drafters without passes)."""
-        if self._post is None:
-            n = self.n * self.is_model  # (m,)
-            inv_n = 1.0 / np.maximum(n, 1.0)
-            w = (n > 0.0) / (OWN_SD ** 2 + OBS_SD ** 2 * inv_n)  # (m,) 0 for a model never measured
-            wy = w * self.sum_y * inv_n  # (m,) w_j * ybar_j
-            v_g = 1.0 / (1.0 / SHARED_SD ** 2 + w.sum() - w)  # (m,) the common part without model i
-            prior_var = v_g + OWN_SD ** 2
-            var = 1.0 / (1.0 / prior_var + n / OBS_SD ** 2)  # (m,)
-            mean = var * (v_g * (wy.sum() - wy) / prior_var + self.sum_y / OBS_SD ** 2)
-            self._post = mean * self.is_model, np.sqrt(var) * self.is_model
-        return self._post
+    def posterior(self, cached: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(m,) mean and (m,) sd of each drafter's log price error (sd 0 for drafters without passes);
+        ``cached=False`` neither reads nor writes the cache (a read from another thread)."""
+        if self._post is not None and cached:
+            return self._post
+        n = self.n * self.is_model  # (m,)
+        inv_n = 1.0 / np.maximum(n, 1.0)
+        w = (n > 0.0) / (OWN_SD ** 2 + OBS_SD ** 2 * inv_n)  # (m,) 0 for a model never measured
+        wy = w * self.sum_y * inv_n  # (m,) w_j * ybar_j
+        v_g = 1.0 / (1.0 / SHARED_SD ** 2 + w.sum() - w)  # (m,) the common part without model i
+        prior_var = v_g + OWN_SD ** 2
+        var = 1.0 / (1.0 / prior_var + n / OBS_SD ** 2)  # (m,)
+        mean = var * (v_g * (wy.sum() - wy) / prior_var + self.sum_y / OBS_SD ** 2)
+        post = mean * self.is_model, np.sqrt(var) * self.is_model
+        if cached:
+            self._post = post
+        return post
 
     def draws(self, rng: np.random.Generator, samples: int) -> np.ndarray | None:
         """(samples, m) price multipliers of the draft models still at the profile's price, 1
@@ -77,11 +81,11 @@ class DraftPrices:
         z = rng.standard_normal((samples, on.size))  # (S, m)
         return np.where(on, np.exp(mean + sd * z), 1.0)
 
-    def medians(self) -> np.ndarray | None:
+    def medians(self, cached: bool = True) -> np.ndarray | None:
         """(1, m) the posterior median price multipliers of the draft models still at the profile's
-        price, 1 elsewhere (``draws`` at z = 0); None when no model is."""
+        price, 1 elsewhere (``draws`` at z = 0); None when no model is. ``cached``: as ``posterior``'s."""
         on = self.is_model & ~self.fitted  # (m,)
         if not on.any():
             return None
-        mean, _ = self.posterior()
+        mean, _ = self.posterior(cached)
         return np.where(on, np.exp(mean), 1.0)[None, :]

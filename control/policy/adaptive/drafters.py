@@ -431,10 +431,11 @@ class DrafterChoice:
         new requests count in sync with instead (``target``, else null), whether they do (``new_in_sync``),
         the stage and, where the last full decision priced the requests in sync with the favourite or the
         target apart, how many there were and the drafter likeliest for them (``in_sync``, else null), and whether the executor scores every
-        lookup (``lookups_scored``: n-gram is then learned without drafting, and not explored)."""
-        mean, sd = self._posterior()
+        lookup (``lookups_scored``: n-gram is then learned without drafting, and not explored). Read
+        from another thread, so it writes no cache the engine thread reads."""
+        mean, sd = self._posterior(cached=False)
         steps = self.evidence.counts[2].sum(axis=1)  # (m,) drafting request-steps (decayed)
-        med = self.prices.medians() if self.prices is not None else None
+        med = self.prices.medians(cached=False) if self.prices is not None else None
         b = self.bandit
         p = b.explore_p if b is not None and b.explore_p is not None else None
         per = {}
@@ -455,9 +456,11 @@ class DrafterChoice:
                 "epoch": None if b is None else b.epoch,
                 "exploit": self.ctx.drafters[self.exploit] if 0 <= self.exploit < len(self.ctx.drafters) else None}
 
-    def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        """(m,) mean and (m,) sd of each drafter's chain rate (the log-odds posterior's, mapped)."""
-        mean, cov = self._rates(self.ctx.prior_rate, self.evidence)
+    def _posterior(self, cached: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(m,) mean and (m,) sd of each drafter's chain rate (the log-odds posterior's, mapped);
+        ``cached=False`` leaves the posterior's cache alone (a read from another thread)."""
+        rates = self._rates if cached else RatePosterior(self.is_ngram)
+        mean, cov = rates(self.ctx.prior_rate, self.evidence)
         rate = sigmoid(mean)  # (m,)
         return rate, np.sqrt(np.diag(cov)) * rate * (1.0 - rate)
 
