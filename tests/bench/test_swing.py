@@ -131,10 +131,15 @@ def test_adaptive_swing_script_prints_per_segment_rows(tmp_path, pair, sku):
     p = subprocess.run([sys.executable, str(root / "benchmarks" / "adaptive_swing.py"), "--workload",
                         "poisson:in=128,out=32", "--capacity", "4.0", "--levels", "0.3,0.9", "--segment-s", "20",
                         "--requests", "120", "--acceptance-levels", "0.9,0.3", "--static", "none,fixed:2",
-                        "--policies", "adaptive", "--pair", pair, "--json", str(tmp_path / "swing.json")],
+                        "--policies", "adaptive", "--pair", pair, "--seeds", "2", "--json", str(tmp_path / "swing.json")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    rows = json.loads((tmp_path / "swing.json").read_text())["adaptive"]
+    out = json.loads((tmp_path / "swing.json").read_text())
+    rows, by_seed = out["adaptive"], out["adaptive_by_seed"]
+    # each seed draws its own acceptance outcomes and per-request rates on the same arrivals
+    assert out["seeds"] == 2 and by_seed[0] == rows[-1] and by_seed[0]["policy"] != by_seed[1]["policy"]
+    mean = (by_seed[0]["ratio"] + by_seed[1]["ratio"]) / 2
+    assert f"({mean:.3f} over 2 seeds, per seed {by_seed[0]['ratio']:.3f} / {by_seed[1]['ratio']:.3f}" in p.stdout
     assert rows[-1]["segment"] == "all" and rows[-1]["requests"] == 120
     assert {r["best_static"] for r in rows} <= {"none", "fixed:2"}
     assert "adaptive / best static" in p.stdout and "bar (adaptive" in p.stdout
