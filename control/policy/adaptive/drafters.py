@@ -77,7 +77,7 @@ from control.goodput.estimators import PositionRates
 from control.goodput.stepcost import DrafterKind, StepCostModel, uniform_step_ms
 from control.plan import typical_ctx
 from control.policy.adaptive.draft_prices import DraftPrices
-from control.policy.adaptive.drafter_rates import DrafterEvidence, RatePosterior, sigmoid
+from control.policy.adaptive.drafter_rates import DrafterEvidence, RatePosterior, rate_posterior, sigmoid
 from control.policy.adaptive.probes import PROBE_TRIALS
 from control.policy.adaptive.step_plan import StepPlan
 from control.policy.adaptive.survival import is_uniform
@@ -459,8 +459,10 @@ class DrafterChoice:
     def _posterior(self, cached: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(m,) mean and (m,) sd of each drafter's chain rate (the log-odds posterior's, mapped);
         ``cached=False`` leaves the posterior's cache alone (a read from another thread)."""
-        rates = self._rates if cached else RatePosterior(self.is_ngram)
-        mean, cov = rates(self.ctx.prior_rate, self.evidence)
+        if cached:
+            mean, cov = self._rates(self.ctx.prior_rate, self.evidence)
+        else:
+            mean, cov = rate_posterior(self.ctx.prior_rate, self.is_ngram, self.evidence)
         rate = sigmoid(mean)  # (m,)
         return rate, np.sqrt(np.diag(cov)) * rate * (1.0 - rate)
 
