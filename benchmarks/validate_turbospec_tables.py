@@ -163,6 +163,13 @@ def crossover_verdict(p: float | None, s: float | None, tol: float = 0.25) -> st
     return "match" if abs(s / p - 1) <= tol else "miss"
 
 
+def row_holds(cmp: dict) -> bool:
+    """Whether a row's crossovers agree with the paper's in more than half of its k (a cell agrees
+    when both cross within 25% or neither crosses in the table's QPS range)."""
+    ok = [crossover_verdict(cmp["crossover_paper"][lab], cmp["crossover_sim"][lab]) != "miss" for lab in LABELS[1:]]
+    return 2 * sum(ok) > len(ok)
+
+
 def markdown(results: list[tuple[Row, dict, dict]]) -> str:
     lines = ["| row | k | paper crossover QPS | simulator | verdict |", "|---|---|---:|---:|:-:|"]
     counts = {"match": 0, "neither": 0, "miss": 0}
@@ -175,7 +182,10 @@ def markdown(results: list[tuple[Row, dict, dict]]) -> str:
             crossing += p is not None
             lines.append(f"| {row.key} | {lab} | {_fmt(p)} | {_fmt(s)} | {v if v != 'miss' else '**miss**'} |")
     lines.append(f"\ncrossover within 25%: {counts['match']} of the {crossing} cells where the paper crosses; "
-                 f"neither crosses in {counts['neither']}; misses {counts['miss']}\n")
+                 f"neither crosses in {counts['neither']}; misses {counts['miss']}")
+    held = [row.key for row, _sim, cmp in results if row_holds(cmp)]
+    lines.append(f"rows whose crossovers agree in most cells (within 25%, or neither crossing): {len(held)} of "
+                 f"{len(results)}{': ' + ', '.join(held) if held else ''}\n")
     lines += ["| row | QPS | paper best | simulator best | same | paper's best within 10% in the simulator |",
               "|---|---:|---|---|:-:|:-:|"]
     a_ok = a_near = m = 0

@@ -161,6 +161,27 @@ def test_turbospec_split_draft_prepares_every_pass_on_the_host_only_where_the_ta
     assert mod.row_framework(fw, rows["h100x4-70b-sonnet"], "framework") is fw
 
 
+def test_turbospec_row_holds_when_most_of_its_crossovers_agree(monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("validate_turbospec_tables",
+                                                  ROOT / "benchmarks" / "validate_turbospec_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)
+    spec.loader.exec_module(mod)
+    paper = {"k=1": 10.0, "k=3": 12.0, "k=5": None, "k=7": 8.0}
+    # k=1 within 25%, k=5 neither crosses, k=7 within 25%, k=3 out of range: three of four agree
+    sim = {"k=1": 11.0, "k=3": 20.0, "k=5": None, "k=7": 6.5}
+    assert mod.row_holds({"crossover_paper": paper, "crossover_sim": sim})
+    half = dict(sim, **{"k=5": 4.0})  # the simulator crosses where the paper never does: two of four
+    assert not mod.row_holds({"crossover_paper": paper, "crossover_sim": half})
+    row = mod.ROWS[0]
+    text = mod.markdown([(row, {lab: [1.0] * len(row.qps) for lab in (*mod.LABELS, mod.TS)},
+                          {"crossover_paper": paper, "crossover_sim": sim, "ranking": []})])
+    assert f"rows whose crossovers agree in most cells (within 25%, or neither crossing): 1 of 1: {row.key}" in text
+
+
 def test_steady_bar_reads_the_best_fixed_k_and_the_crossover(tmp_path):
     assert _script("steady_bar.py", "--help", cwd=tmp_path).returncode == 0
     import importlib.util
