@@ -26,6 +26,18 @@ def _script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def _load_script(name: str, monkeypatch):
+    """A benchmark script imported as a module (registered in sys.modules for the test's length, where
+    its dataclasses look their module up)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.fixture(scope="module")
 def bench_json(tmp_path_factory):
     out = tmp_path_factory.mktemp("bar")
@@ -143,14 +155,7 @@ def test_validation_scripts_print_the_paper_tables(tmp_path):
 
 
 def test_turbospec_split_draft_prepares_every_pass_on_the_host_only_where_the_target_is_split(monkeypatch):
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("validate_turbospec_tables",
-                                                  ROOT / "benchmarks" / "validate_turbospec_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
+    mod = _load_script("validate_turbospec_tables", monkeypatch)
     from control.buildsys.roofline import get_framework
 
     fw = get_framework("vllm-0.6")
@@ -162,14 +167,7 @@ def test_turbospec_split_draft_prepares_every_pass_on_the_host_only_where_the_ta
 
 
 def test_turbospec_row_holds_when_most_of_its_crossovers_agree(monkeypatch):
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("validate_turbospec_tables",
-                                                  ROOT / "benchmarks" / "validate_turbospec_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)
-    spec.loader.exec_module(mod)
+    mod = _load_script("validate_turbospec_tables", monkeypatch)
     paper = {"k=1": 10.0, "k=3": 12.0, "k=5": None, "k=7": 8.0}
     # k=1 within 25%, k=5 neither crosses, k=7 within 25%, k=3 out of range: three of four agree
     sim = {"k=1": 11.0, "k=3": 20.0, "k=5": None, "k=7": 6.5}
@@ -182,13 +180,9 @@ def test_turbospec_row_holds_when_most_of_its_crossovers_agree(monkeypatch):
     assert f"rows whose crossovers agree in most cells (within 25%, or neither crossing): 1 of 1: {row.key}" in text
 
 
-def test_steady_bar_reads_the_best_fixed_k_and_the_crossover(tmp_path):
+def test_steady_bar_reads_the_best_fixed_k_and_the_crossover(tmp_path, monkeypatch):
     assert _script("steady_bar.py", "--help", cwd=tmp_path).returncode == 0
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("steady_bar", ROOT / "benchmarks" / "steady_bar.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_script("steady_bar", monkeypatch)
     lat = {0.5: {"none": 2.0, "fixed:1": 1.5, "fixed:2": 1.6, "adaptive": 1.52},
            0.9: {"none": 5.0, "fixed:1": 5.2, "fixed:2": 5.9, "adaptive": 5.2}}
     rows = [{"policy": p, "load": load, "seed": s, "mean_latency_s": v + 0.01 * s}
@@ -204,16 +198,10 @@ def test_steady_bar_reads_the_best_fixed_k_and_the_crossover(tmp_path):
 def test_long_context_recording_records_each_decode_step_of_a_run(monkeypatch):
     """``benchmarks/sim_long_context.run_recording`` (behind sim_switch_off.py's runs) wraps
     ``simrun.make_policy`` whatever arguments it takes, and records every decode step's contexts and k."""
-    import importlib.util
-    import sys
-
     from control.bench import simrun
     from control.bench.workloads import poisson
 
-    spec = importlib.util.spec_from_file_location("sim_long_context", ROOT / "benchmarks" / "sim_long_context.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)
-    spec.loader.exec_module(mod)
+    mod = _load_script("sim_long_context", monkeypatch)
     w = poisson(40, 4.0, "lognormal:600:200", "32", seed=1)
     setup = SimSetup(make_profile(), w)
     steps: list[int] = []
