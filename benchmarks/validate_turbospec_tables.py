@@ -254,6 +254,9 @@ def main() -> None:
                     "latency over the best static configuration joins the TurboSpec table)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    for flag, value in (("--requests", args.requests), ("--seeds", args.seeds)):
+        if value < 1:
+            raise SystemExit(f"{flag} {value}: give a whole number >= 1")
     want = args.rows.split(",")
     extra = tuple(x.strip() for x in args.extra.split(",") if x.strip())
     try:

@@ -138,6 +138,9 @@ def test_validation_scripts_print_the_paper_tables(tmp_path):
     assert r.returncode != 0 and "--extra 'nope': unknown policy 'nope'" in r.stderr
     r = _script("validate_turbospec_tables.py", "--rows", "nope", cwd=tmp_path)
     assert r.returncode != 0 and "--rows: unknown nope" in r.stderr
+    for flag in ("--requests", "--seeds"):
+        r = _script("validate_turbospec_tables.py", flag, "0", cwd=tmp_path)
+        assert r.returncode != 0 and f"{flag} 0: give a whole number >= 1" in r.stderr and "Traceback" not in r.stderr
     for bad, says in ((("--framework", "nope"), "unknown framework 'nope'"), (("--rates", "4,x"), "--rates '4,x'")):
         r = _script("validate_smartspec_fig1.py", *bad, cwd=tmp_path)
         assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
